@@ -1,0 +1,118 @@
+package sqllock
+
+import (
+	"context"
+	"time"
+)
+
+// Backend stores leases. It is the seam between the backend-agnostic
+// [Client] and a database: memory, SQLite and PostgreSQL implement it, and
+// the conformance suite in package backendtest checks any implementation.
+//
+// Every method validates its input first ([AcquireRequest.Validate],
+// [ValidateLease], [ValidateTTL]) and refuses bad input before any I/O. The
+// backend's own clock (the database clock) alone decides expiry. Every call
+// after an acquire is scoped to the exact lease: key and token.
+//
+// Implementations must be safe for concurrent use.
+type Backend interface {
+	// TryAcquire grants req.Key iff the key has no lease, its lease is
+	// released, or its deadline is at or before the backend's now. A grant
+	// sets token = previous token + 1 (strictly greater than every token ever
+	// issued for the key), held, deadline = now + TTL, owner = req.Owner,
+	// in one atomic step.
+	//
+	// If the key is held, unexpired, by the same req.Owner, the request is a
+	// retry of an acquire whose reply was lost: the backend returns that
+	// grant again with the same token and extends its deadline to now + TTL
+	// (so the caller's local deadline, counted from this request, stays
+	// valid). Owners are unique per acquire call.
+	//
+	// Errors: [ErrNotAcquired] as a [*HeldError] when held by another owner,
+	// with the holder's remaining time from the same round trip;
+	// [ErrTokenExhausted]; [ErrIndeterminate] when the request may have been
+	// applied but the reply was lost; [ErrUnavailable] for transient
+	// failures; [ErrSchemaMissing]; the validation errors.
+	TryAcquire(ctx context.Context, req AcquireRequest) (Lease, error)
+
+	// TryRenew extends the lease to now + ttl iff the key's lease is held,
+	// its token equals l.Token and its deadline is after now. The token does
+	// not change, so retrying a renew after an ambiguous reply is safe.
+	//
+	// Errors: [ErrLeaseLost] as a [*LostError] (expired, taken by a newer
+	// token, or released) when the lease is no longer valid; it never
+	// revives an expired lease or touches a newer one. [ErrUnavailable] and
+	// other errors are transient.
+	TryRenew(ctx context.Context, l Lease, ttl time.Duration) (Lease, error)
+
+	// Release ends the lease iff l.Token is the key's current token: it
+	// clears held and keeps the token, so the next grant continues above it.
+	// It never touches a newer holder's lease. Releasing an already released
+	// lease returns nil. If the lease was no longer valid when released (a
+	// newer token exists, or its deadline had passed) it returns
+	// [ErrLeaseLost] as a [*LostError], so the caller learns its critical
+	// section may have overlapped another; the row is cleared all the same
+	// when the token is current. [ErrIndeterminate] when the reply was lost;
+	// repeating the release is harmless.
+	Release(ctx context.Context, l Lease) error
+
+	// List returns the keys that start with prefix, in key order, including
+	// released and expired ones (their Held field is false).
+	List(ctx context.Context, prefix string) ([]LockInfo, error)
+}
+
+// Watcher is implemented by backends that can tell waiters that a key was
+// released, so that a waiting Acquire wakes at once instead of at its next
+// poll. The client always polls as well, so a missed or spurious signal only
+// costs time, never safety.
+type Watcher interface {
+	// Watch returns a channel that receives a value (coalesced: the channel
+	// holds at most one) after key may have become free, and a function that
+	// stops the watch and must be called once. Call Watch before the acquire
+	// attempt it should follow, so that no release is missed in between.
+	Watch(key string) (<-chan struct{}, func())
+}
+
+// AcquireRequest is the input of [Backend.TryAcquire].
+type AcquireRequest struct {
+	Key string
+	// TTL is the lease duration; see [ValidateTTL].
+	TTL time.Duration
+	// Owner names the holder (for people and `sqllock list`) and identifies
+	// this acquire call: a retry with the same Owner after a lost reply gets
+	// its own grant back. The Client makes it unique per acquire call.
+	Owner string
+}
+
+// Lease is one granted lease: plain data, safe to copy.
+type Lease struct {
+	Key   string
+	Token int64 // fencing token, strictly increasing per key
+	Owner string
+	// Deadline is the lease's deadline as the backend reported it, by the
+	// backend's (database) clock.
+	Deadline time.Time
+	// BackendTime is the backend's clock when it applied the operation.
+	// Deadline.Sub(BackendTime) is the TTL it granted.
+	BackendTime time.Time
+	// LocalDeadline is this process's monotonic clock reading taken just
+	// before the request was sent, plus the TTL: the lease cannot have ended
+	// at the backend before it (while clock rates agree). The Guard
+	// subtracts its safety margin from it. It carries a monotonic reading;
+	// compare it only with [time.Now] of this process.
+	LocalDeadline time.Time
+}
+
+// LockInfo describes one key, as [Backend.List] reports it.
+type LockInfo struct {
+	Key   string
+	Token int64 // the latest token granted for the key
+	Owner string
+	// Held is true while a lease is held and unexpired by the backend clock.
+	Held bool
+	// Deadline is the latest lease's deadline by the backend clock.
+	Deadline time.Time
+	// Remaining is the time left on the lease by the backend clock, 0 when
+	// not held.
+	Remaining time.Duration
+}

@@ -1,0 +1,28 @@
+// Package backendtest is the conformance suite every [sqllock.Backend] must
+// pass, in the spirit of testing/fstest: a backend package calls [Run] from a
+// test with a [Harness] that builds fresh backends.
+package backendtest
+
+import (
+	"testing"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// Harness tells [Run] how to build and manipulate a backend under test.
+type Harness struct {
+	// New returns a fresh, empty backend: no keys, its own table or schema.
+	// Its resources are released with t.Cleanup.
+	New func(t *testing.T) sqllock.Backend
+
+	// Expire makes key's current lease expire now, without sleeping: it sets
+	// the deadline to at or before the backend's now (an UPDATE of deadline
+	// for SQL backends, a hook for memory). It must not change the token or
+	// the held flag.
+	Expire func(t *testing.T, b sqllock.Backend, key string)
+
+	// SetToken, if not nil, makes key exist, released, with the given
+	// current token, so that Run can check token exhaustion near the end of
+	// int64 without acquiring 2^63 times.
+	SetToken func(t *testing.T, b sqllock.Backend, key string, token int64)
+}

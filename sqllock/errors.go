@@ -1,0 +1,150 @@
+package sqllock
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Match them with [errors.Is]; read the details of
+// [ErrNotAcquired] and [ErrLeaseLost] with [errors.As] into a [*HeldError] or a
+// [*LostError].
+var (
+	// ErrNotAcquired is returned by TryAcquire (and by Acquire when its wait
+	// ends) when another lease on the key is held and has not expired. The
+	// error is a [*HeldError] naming the holder and its remaining time.
+	ErrNotAcquired = errors.New("sqllock: not acquired")
+
+	// ErrLeaseLost means the lease is no longer valid: it expired, was taken
+	// by a newer token, was released (for example with `sqllock release
+	// --force`), or the backend could not be reached before the local
+	// deadline. The error is a [*LostError] with the reason. It is returned by
+	// TryRenew and Release, and is the [context.Cause] of a lost Guard.
+	ErrLeaseLost = errors.New("sqllock: lease lost")
+
+	// ErrReleased is the [context.Cause] of a Guard's context after Release,
+	// and the error of Renew on a released Guard.
+	ErrReleased = errors.New("sqllock: released")
+
+	// ErrInvalidKey is returned, before any I/O, for a key that is empty,
+	// longer than [MaxKeyLen] bytes, not valid UTF-8 or containing NUL.
+	ErrInvalidKey = errors.New("sqllock: invalid key")
+
+	// ErrInvalidTTL is returned, before any I/O, for a TTL outside
+	// [[MinTTL], [MaxTTL]], or for renew settings that do not fit the TTL.
+	ErrInvalidTTL = errors.New("sqllock: invalid ttl")
+
+	// ErrInvalidOwner is returned, before any I/O, for an owner that is empty,
+	// longer than [MaxOwnerLen] bytes, not valid UTF-8 or containing NUL.
+	ErrInvalidOwner = errors.New("sqllock: invalid owner")
+
+	// ErrInvalidToken is returned, before any I/O, by TryRenew and Release
+	// for a lease whose token is not positive (never granted).
+	ErrInvalidToken = errors.New("sqllock: invalid token")
+
+	// ErrIndeterminate means the outcome of an operation is unknown: the
+	// request may have been applied but its reply was lost (for example the
+	// context ended while the statement was in flight). An acquire that ends
+	// this way hands out no Guard; repeating the same [AcquireRequest] (same
+	// Owner) returns the same grant if it was applied, never a second tenure.
+	ErrIndeterminate = errors.New("sqllock: outcome indeterminate")
+
+	// ErrUnavailable marks a transient backend failure: the database could not
+	// be reached, the connection broke, or the server is read-only (a standby
+	// after failover). The watchdog retries such errors until the local
+	// deadline; they are never a lease loss by themselves.
+	ErrUnavailable = errors.New("sqllock: backend unavailable")
+
+	// ErrSchemaMissing means the lock table does not exist. Create it with
+	// `sqllock migrate up` or the migrations package.
+	ErrSchemaMissing = errors.New("sqllock: lock table missing (run `sqllock migrate up`)")
+
+	// ErrTokenExhausted is returned when a key's token reached the largest
+	// int64. Tokens never wrap; the key cannot be granted again.
+	ErrTokenExhausted = errors.New("sqllock: fencing token space exhausted")
+
+	// ErrClosed is returned by every Client method after [Client.Close].
+	ErrClosed = errors.New("sqllock: client closed")
+)
+
+// HeldError is the detail of [ErrNotAcquired]: who holds the key and for how
+// long, by the backend's clock, as read in the same round trip as the failed
+// attempt. Owner and Remaining may be zero when the backend could not tell
+// (a concurrent first insert of the key).
+type HeldError struct {
+	Key       string
+	Owner     string        // the holder's owner string
+	Token     int64         // the holder's token (0 when unknown)
+	Remaining time.Duration // the holder's remaining lease by the backend clock
+}
+
+func (e *HeldError) Error() string {
+	if e.Owner == "" {
+		return fmt.Sprintf("sqllock: not acquired: %q is held", e.Key)
+	}
+	return fmt.Sprintf("sqllock: not acquired: %q is held by %q for %v more", e.Key, e.Owner, e.Remaining)
+}
+
+// Is makes a HeldError match [ErrNotAcquired].
+func (e *HeldError) Is(target error) bool { return target == ErrNotAcquired }
+
+// LostReason tells why a lease was lost.
+type LostReason int
+
+// The reasons a lease can be lost.
+const (
+	// LostExpired: the lease's deadline passed by the backend's clock.
+	LostExpired LostReason = iota + 1
+	// LostTaken: a newer token was granted on the key.
+	LostTaken
+	// LostReleased: the lease was released (by this holder, or by force).
+	LostReleased
+	// LostUnreachable: renewals failed with transient errors until the local
+	// deadline passed; the lease may still exist at the backend, but the
+	// holder can no longer be sure.
+	LostUnreachable
+)
+
+func (r LostReason) String() string {
+	switch r {
+	case LostExpired:
+		return "expired"
+	case LostTaken:
+		return "taken by a newer token"
+	case LostReleased:
+		return "released"
+	case LostUnreachable:
+		return "backend unreachable until the local deadline"
+	default:
+		return fmt.Sprintf("LostReason(%d)", int(r))
+	}
+}
+
+// LostError is the detail of [ErrLeaseLost].
+type LostError struct {
+	Key    string
+	Token  int64      // the token of the lost lease
+	Reason LostReason // why it was lost
+	// Current is the key's current token when the backend reported it
+	// (LostTaken), else 0.
+	Current int64
+	// Err is the last backend error seen, if any (for LostUnreachable).
+	Err error
+}
+
+func (e *LostError) Error() string {
+	s := fmt.Sprintf("sqllock: lease lost: %q token %d %s", e.Key, e.Token, e.Reason)
+	if e.Reason == LostTaken && e.Current > 0 {
+		s += fmt.Sprintf(" (current token %d)", e.Current)
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Is makes a LostError match [ErrLeaseLost].
+func (e *LostError) Is(target error) bool { return target == ErrLeaseLost }
+
+// Unwrap returns the last backend error, if any.
+func (e *LostError) Unwrap() error { return e.Err }

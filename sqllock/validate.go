@@ -1,0 +1,86 @@
+package sqllock
+
+import (
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Input bounds shared by every backend. A backend refuses anything outside
+// them before any I/O, with the same error, so that a program behaves the
+// same on memory, SQLite and PostgreSQL.
+const (
+	MaxKeyLen   = 512 // bytes
+	MaxOwnerLen = 512 // bytes
+	MinTTL      = time.Millisecond
+	MaxTTL      = 24 * time.Hour
+)
+
+// ValidateKey reports whether key is acceptable to every backend. The error
+// matches [ErrInvalidKey].
+func ValidateKey(key string) error {
+	if err := validateText(key, MaxKeyLen); err != "" {
+		return fmt.Errorf("%w: %s", ErrInvalidKey, err)
+	}
+	return nil
+}
+
+// ValidateOwner reports whether owner is acceptable to every backend. The
+// error matches [ErrInvalidOwner].
+func ValidateOwner(owner string) error {
+	if err := validateText(owner, MaxOwnerLen); err != "" {
+		return fmt.Errorf("%w: %s", ErrInvalidOwner, err)
+	}
+	return nil
+}
+
+func validateText(s string, maxLen int) string {
+	switch {
+	case s == "":
+		return "empty"
+	case len(s) > maxLen:
+		return fmt.Sprintf("%d bytes, more than %d", len(s), maxLen)
+	case !utf8.ValidString(s):
+		return "not valid UTF-8"
+	case strings.IndexByte(s, 0) >= 0:
+		return "contains a NUL byte"
+	}
+	return ""
+}
+
+// ValidateTTL reports whether ttl lies within [[MinTTL], [MaxTTL]]. Backends
+// store a TTL at their own resolution (PostgreSQL microseconds, SQLite
+// milliseconds) and must round it up, never down, so that a lease never ends
+// at the backend before the client's local deadline. The error matches
+// [ErrInvalidTTL].
+func ValidateTTL(ttl time.Duration) error {
+	if ttl < MinTTL || ttl > MaxTTL {
+		return fmt.Errorf("%w: %v is outside [%v, %v]", ErrInvalidTTL, ttl, MinTTL, MaxTTL)
+	}
+	return nil
+}
+
+// Validate checks every field of the request; backends call it first.
+func (r AcquireRequest) Validate() error {
+	if err := ValidateKey(r.Key); err != nil {
+		return err
+	}
+	if err := ValidateTTL(r.TTL); err != nil {
+		return err
+	}
+	return ValidateOwner(r.Owner)
+}
+
+// ValidateLease checks a lease passed to TryRenew or Release: a valid key and
+// a positive token (no backend ever grants token 0 or below). The errors match
+// [ErrInvalidKey] or [ErrInvalidToken].
+func ValidateLease(l Lease) error {
+	if err := ValidateKey(l.Key); err != nil {
+		return err
+	}
+	if l.Token <= 0 {
+		return fmt.Errorf("%w: %d is not a granted token", ErrInvalidToken, l.Token)
+	}
+	return nil
+}
