@@ -84,3 +84,13 @@ func ValidateLease(l Lease) error {
 	}
 	return nil
 }
+
+// ValidatePrefix checks a List prefix: empty (all keys), or valid UTF-8
+// without NUL and at most [MaxKeyLen] bytes. The error matches
+// [ErrInvalidKey].
+func ValidatePrefix(prefix string) error {
+	if prefix == "" {
+		return nil
+	}
+	return ValidateKey(prefix)
+}

@@ -1,0 +1,249 @@
+// Package memory is an in-process [sqllock.Backend]: the full lease semantics
+// for the goroutines of one process, with no database. It is what examples
+// and the deterministic simulation run on, and a fine lock for a single
+// process that wants fencing tokens and leases.
+//
+// Its clock is [time.Now] (or the function given to [NewWithClock]), so it
+// runs inside a testing/synctest bubble with fake time. It blocks only
+// briefly on a mutex, never on I/O.
+package memory
+
+import (
+	"context"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// Backend keeps leases in a map. It is safe for concurrent use. The zero
+// value is not usable; call [New].
+type Backend struct {
+	now func() time.Time
+
+	mu       sync.Mutex // guards keys and watchers
+	keys     map[string]*entry
+	watchers map[string]map[chan struct{}]struct{}
+}
+
+type entry struct {
+	token    int64
+	held     bool
+	deadline time.Time
+	owner    string
+}
+
+var (
+	_ sqllock.Backend = (*Backend)(nil)
+	_ sqllock.Watcher = (*Backend)(nil)
+)
+
+// New returns an empty Backend whose clock is [time.Now].
+func New() *Backend { return NewWithClock(time.Now) }
+
+// NewWithClock returns an empty Backend whose "database clock" is now. Tests
+// use it to step the backend's clock apart from the clients' clocks.
+func NewWithClock(now func() time.Time) *Backend {
+	return &Backend{
+		now:      now,
+		keys:     make(map[string]*entry),
+		watchers: make(map[string]map[chan struct{}]struct{}),
+	}
+}
+
+// TryAcquire implements [sqllock.Backend].
+func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sqllock.Lease{}, err
+	}
+	sent := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	e := b.keys[req.Key]
+	switch {
+	case e == nil:
+		e = &entry{}
+		b.keys[req.Key] = e
+	case e.held && now.Before(e.deadline) && e.owner == req.Owner:
+		// A retry of this very acquire: same grant, extended.
+		e.deadline = now.Add(req.TTL)
+		return b.lease(req.Key, e, now, sent, req.TTL), nil
+	case e.held && now.Before(e.deadline):
+		return sqllock.Lease{}, &sqllock.HeldError{
+			Key: req.Key, Owner: e.owner, Token: e.token, Remaining: e.deadline.Sub(now),
+		}
+	}
+	if e.token == math.MaxInt64 {
+		return sqllock.Lease{}, sqllock.ErrTokenExhausted
+	}
+	e.token++
+	e.held = true
+	e.deadline = now.Add(req.TTL)
+	e.owner = req.Owner
+	return b.lease(req.Key, e, now, sent, req.TTL), nil
+}
+
+func (b *Backend) lease(key string, e *entry, now, sent time.Time, ttl time.Duration) sqllock.Lease {
+	return sqllock.Lease{
+		Key:           key,
+		Token:         e.token,
+		Owner:         e.owner,
+		Deadline:      e.deadline,
+		BackendTime:   now,
+		LocalDeadline: sent.Add(ttl),
+	}
+}
+
+// TryRenew implements [sqllock.Backend].
+func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := sqllock.ValidateTTL(ttl); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sqllock.Lease{}, err
+	}
+	sent := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	e := b.keys[l.Key]
+	if lost := lostReason(e, l, now); lost != nil {
+		return sqllock.Lease{}, lost
+	}
+	e.deadline = now.Add(ttl)
+	return b.lease(l.Key, e, now, sent, ttl), nil
+}
+
+// lostReason returns why l is no longer valid at now, or nil if it is.
+func lostReason(e *entry, l sqllock.Lease, now time.Time) *sqllock.LostError {
+	lost := &sqllock.LostError{Key: l.Key, Token: l.Token}
+	switch {
+	case e == nil || l.Token > e.token:
+		lost.Reason = sqllock.LostReleased // never granted here
+	case l.Token < e.token:
+		lost.Reason, lost.Current = sqllock.LostTaken, e.token
+	case !e.held:
+		lost.Reason = sqllock.LostReleased
+	case !now.Before(e.deadline):
+		lost.Reason = sqllock.LostExpired
+	default:
+		return nil
+	}
+	return lost
+}
+
+// Release implements [sqllock.Backend].
+func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.keys[l.Key]
+	lost := lostReason(e, l, b.now())
+	if lost != nil && lost.Reason == sqllock.LostReleased && e != nil && e.token == l.Token {
+		return nil // released twice
+	}
+	if e != nil && e.token == l.Token && e.held {
+		e.held = false
+		b.signal(l.Key)
+	}
+	if lost != nil {
+		return lost
+	}
+	return nil
+}
+
+// List implements [sqllock.Backend].
+func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
+	if err := sqllock.ValidatePrefix(prefix); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	var out []sqllock.LockInfo
+	for k, e := range b.keys {
+		if !strings.HasPrefix(k, prefix) {
+			continue
+		}
+		info := sqllock.LockInfo{Key: k, Token: e.token, Owner: e.owner, Deadline: e.deadline}
+		if e.held && now.Before(e.deadline) {
+			info.Held, info.Remaining = true, e.deadline.Sub(now)
+		}
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// Watch implements [sqllock.Watcher]: Release signals the key's watchers.
+func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	b.mu.Lock()
+	set := b.watchers[key]
+	if set == nil {
+		set = make(map[chan struct{}]struct{})
+		b.watchers[key] = set
+	}
+	set[ch] = struct{}{}
+	b.mu.Unlock()
+	return ch, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		// A set is dropped only when empty, so while ch is in it, it is
+		// still b.watchers[key].
+		if set := b.watchers[key]; set != nil {
+			delete(set, ch)
+			if len(set) == 0 {
+				delete(b.watchers, key)
+			}
+		}
+	}
+}
+
+// signal wakes the watchers of key. b.mu must be held.
+func (b *Backend) signal(key string) {
+	for ch := range b.watchers[key] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Expire makes key's lease expire now (its deadline becomes the backend's
+// now), keeping token and held as they are, and wakes its watchers. It is the
+// conformance suite's and the simulation's way to skip a TTL.
+func (b *Backend) Expire(key string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e := b.keys[key]; e != nil {
+		e.deadline = b.now()
+		b.signal(key)
+	}
+}
+
+// SetToken makes key exist, released, with the given current token. Tests
+// use it to reach the end of the token space.
+func (b *Backend) SetToken(key string, token int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.keys[key] = &entry{token: token, deadline: b.now()}
+}
