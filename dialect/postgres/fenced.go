@@ -1,0 +1,71 @@
+package postgres
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// FencedTx runs fn in a transaction that commits only while lease l is held:
+// for a resource in the same database as the lock table, this is a stronger
+// fence than comparing tokens.
+//
+// It begins a transaction on the pool, locks l's row FOR SHARE if and only if
+// l is held with its token and an unexpired deadline by the database clock,
+// runs fn, and commits. From the share lock until the commit, no acquire can
+// grant the key to anyone else (an acquire's UPDATE waits on the share lock),
+// even if the deadline passes meanwhile; so everything fn wrote was written
+// under l. If l is no longer valid, FencedTx rolls back without calling fn
+// and returns a [*sqllock.LostError] (matching [sqllock.ErrLeaseLost]) with
+// the reason.
+//
+// Keep fn short: while it runs, this lease's renewals and any takeover of
+// the key wait for it too. fn must not commit or roll back tx. If fn returns
+// an error the transaction is rolled back and that error returned as is. A
+// commit whose reply is lost (context ended, connection broke) returns an
+// error matching [sqllock.ErrIndeterminate].
+func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.Tx) error) (err error) {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return notSent(opFence, l.Key, err)
+	}
+	tx, err := b.db.Begin(ctx)
+	if err != nil {
+		return b.translate(ctx, opFence, l.Key, err)
+	}
+	committed := false
+	defer func() {
+		if committed {
+			return
+		}
+		// A rollback whose context has ended would close the connection;
+		// give it its own short deadline instead.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	var (
+		locked, held  bool
+		current       int64
+		deadline, now time.Time
+	)
+	if err := tx.QueryRow(ctx, b.fenceSQL, l.Key, l.Token).Scan(&locked, &current, &held, &deadline, &now); err != nil {
+		return b.translate(ctx, opFence, l.Key, err)
+	}
+	if !locked {
+		return lostReason(l, current, held, deadline, now)
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	committed = true // from here on Commit ends the transaction either way
+	if err := tx.Commit(ctx); err != nil {
+		return b.translate(ctx, opCommit, l.Key, err)
+	}
+	return nil
+}

@@ -1,0 +1,187 @@
+package postgres
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Watch implements [sqllock.Watcher]: the channel receives a value after a
+// Release of key by any client of the same table, through LISTEN/NOTIFY on
+// one connection per Backend that the first Watch takes from the pool (and
+// removes from it) and Close closes.
+//
+// Whenever that connection starts listening, the first time and after every
+// reconnect (it reconnects with backoff when it fails), every watcher gets a
+// wake-up, because releases may have been missed while it was not
+// listening; so a release after Watch returns is never missed, at worst
+// reported by a spurious wake-up. With [Options.DisableNotify], or after
+// Close, the channel never fires and the client finds releases by polling.
+//
+// The returned function ends the watch; call it once when done.
+func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	if !b.notify {
+		return ch, func() {}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ch, func() {}
+	}
+	if b.listener == nil {
+		b.listener = startListener(b)
+	}
+	l := b.listener
+	l.add(key, ch)
+	var once sync.Once
+	return ch, func() { once.Do(func() { l.remove(key, ch) }) }
+}
+
+// listener owns the LISTEN connection and dispatches notifications (whose
+// payload is the released key) to the watchers of that key.
+type listener struct {
+	b      *Backend
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu   sync.Mutex
+	subs map[string]map[chan struct{}]struct{}
+	pid  uint32 // backend PID of the listening connection, 0 when none (tests)
+	// onListen, if set, is called after each (re)connection starts
+	// listening (tests).
+	onListen func()
+}
+
+func startListener(b *Backend) *listener {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &listener{b: b, ctx: ctx, cancel: cancel, done: make(chan struct{}), subs: map[string]map[chan struct{}]struct{}{}}
+	go l.run()
+	return l
+}
+
+func (l *listener) stop() {
+	l.cancel()
+	<-l.done
+}
+
+func (l *listener) add(key string, ch chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	set := l.subs[key]
+	if set == nil {
+		set = map[chan struct{}]struct{}{}
+		l.subs[key] = set
+	}
+	set[ch] = struct{}{}
+}
+
+func (l *listener) remove(key string, ch chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.subs[key], ch)
+	if len(l.subs[key]) == 0 {
+		delete(l.subs, key)
+	}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default: // a wake-up is pending already
+	}
+}
+
+func (l *listener) wake(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for ch := range l.subs[key] {
+		signal(ch)
+	}
+}
+
+func (l *listener) wakeAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, set := range l.subs {
+		for ch := range set {
+			signal(ch)
+		}
+	}
+}
+
+const (
+	listenBackoffMin = 50 * time.Millisecond
+	listenBackoffMax = 5 * time.Second
+)
+
+func (l *listener) run() {
+	defer close(l.done)
+	failures := 0
+	for {
+		listened, err := l.session()
+		if l.ctx.Err() != nil {
+			return
+		}
+		if listened {
+			failures = 0
+		}
+		delay := min(listenBackoffMin<<min(failures, 10), listenBackoffMax)
+		delay = delay/2 + rand.N(delay/2+1) // jitter: [delay/2, delay]
+		failures++
+		l.b.log.Warn("sqllock/postgres: notification listener failed; reconnecting",
+			"channel", l.b.channel, "err", err, "retry_in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-l.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// session takes a connection out of the pool, listens on it and dispatches
+// notifications until it fails or the listener stops. listened reports
+// whether LISTEN succeeded.
+func (l *listener) session() (listened bool, err error) {
+	pc, err := l.b.pool.Acquire(l.ctx)
+	if err != nil {
+		return false, err
+	}
+	// A listening session must never go back to the pool.
+	conn := pc.Hijack()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(ctx)
+		l.mu.Lock()
+		l.pid = 0
+		l.mu.Unlock()
+	}()
+	if _, err := conn.Exec(l.ctx, "LISTEN "+pgx.Identifier{l.b.channel}.Sanitize()); err != nil {
+		return false, err
+	}
+	l.mu.Lock()
+	l.pid = conn.PgConn().PID()
+	onListen := l.onListen
+	l.mu.Unlock()
+	l.b.log.Debug("sqllock/postgres: listening", "channel", l.b.channel, "pid", conn.PgConn().PID())
+	l.wakeAll()
+	if onListen != nil {
+		onListen()
+	}
+	for {
+		n, err := conn.WaitForNotification(l.ctx)
+		if err != nil {
+			return true, err
+		}
+		if n.Channel == l.b.channel {
+			l.wake(n.Payload)
+		}
+	}
+}

@@ -1,0 +1,61 @@
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/ashlock/ashlock/internal/pgtest"
+	"github.com/ashlock/ashlock/migrations"
+)
+
+func TestMain(m *testing.M) {
+	code := pgtest.Main(m)
+	if code == 0 {
+		// Every Backend is closed and every pool closed by t.Cleanup: no
+		// listener or pgxpool goroutine may be left.
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// testBundle is one test's schema, with the lock table migrated, and a
+// Backend on it.
+type testBundle struct {
+	db      *pgtest.DB
+	backend *Backend
+}
+
+// newBundle creates a fresh schema with the lock table (as opts names it)
+// and a Backend on it, closed in t.Cleanup before the pool.
+func newBundle(t *testing.T, opts Options) *testBundle {
+	t.Helper()
+	db := pgtest.New(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	// Naming the test's schema (which is also the pool's search_path) gives
+	// each test its own migration lock, so parallel tests do not queue.
+	mo := migrations.Options{Schema: cmp.Or(opts.Schema, db.Schema), Table: opts.Table}
+	err := migrations.Up(testCtx(t), migrations.Postgres, sqlDB, mo)
+	require.NoError(t, err)
+	b, err := New(db.Pool, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	return &testBundle{db: db, backend: b}
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}

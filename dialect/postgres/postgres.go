@@ -1,0 +1,379 @@
+// Package postgres is the PostgreSQL [sqllock.Backend], on the application's
+// own [*pgxpool.Pool] (github.com/jackc/pgx/v5).
+//
+// The lock table is created by the migrations package (or `sqllock migrate
+// up`): one row per key with its latest fencing token, whether it is held,
+// its deadline by the database clock and its owner. TryAcquire, TryRenew and
+// Release are each one statement and one round trip; the database clock
+// (clock_timestamp()) alone decides expiry. A TryAcquire that finds the key
+// held locks no row, writes no WAL and assigns no transaction id, so waiters
+// that poll a hot key cost the database little.
+//
+// The Backend also implements [sqllock.Watcher] with LISTEN/NOTIFY on one
+// shared connection (see [Options.DisableNotify] for PgBouncer in transaction
+// mode), and [Backend.FencedTx] runs a transaction in the same database that
+// commits only while a lease is held.
+//
+// # Poolers
+//
+// Behind PgBouncer in transaction mode set [Options.DisableNotify] (LISTEN
+// needs a session) and configure pgx with QueryExecModeExec or
+// QueryExecModeSimpleProtocol unless PgBouncer >= 1.21 has
+// max_prepared_statements > 0. The backend itself keeps no session state.
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ashlock/ashlock/internal/sqlident"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// DefaultTable is the lock table's name when [Options.Table] is empty.
+const DefaultTable = "sqllock_locks"
+
+// Options configure a [Backend]. The zero value is the default.
+type Options struct {
+	// Schema holds the lock table. Empty means the connection's search_path
+	// decides. It must be a plain identifier (ASCII letters, digits and _,
+	// not starting with a digit, at most 63 bytes); it is quoted in SQL.
+	Schema string
+
+	// Table is the lock table's name, [DefaultTable] when empty. Same rules
+	// as Schema.
+	Table string
+
+	// DisableNotify turns off LISTEN/NOTIFY: Release sends no notification
+	// and [Backend.Watch] returns a channel that never fires, so waiting
+	// clients find a released key by polling. Set it behind PgBouncer in
+	// transaction mode (or any pooler that does not keep a session).
+	DisableNotify bool
+
+	// Logger receives the listener's connection problems. Nil discards.
+	Logger *slog.Logger
+}
+
+// db is what the backend needs from the pool; *pgxpool.Pool implements it,
+// and tests wrap it.
+type db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Backend is the PostgreSQL [sqllock.Backend] and [sqllock.Watcher]. It is
+// safe for concurrent use. Close it to stop its listener; it never closes the
+// pool.
+type Backend struct {
+	db     db
+	pool   *pgxpool.Pool // for the listener's dedicated connection
+	table  string        // quoted, for messages
+	notify bool
+	log    *slog.Logger
+
+	// The statements, with the table (and channel) filled in.
+	acquireSQL, renewSQL, releaseSQL, listSQL, fenceSQL string
+
+	channel string // LISTEN/NOTIFY channel (unquoted)
+
+	mu       sync.Mutex
+	closed   bool
+	listener *listener // started by the first Watch
+}
+
+var (
+	_ sqllock.Backend = (*Backend)(nil)
+	_ sqllock.Watcher = (*Backend)(nil)
+)
+
+// New returns a Backend that keeps its locks in the table named by opts, on
+// pool. It does no I/O: a missing table is reported by the first operation
+// as [sqllock.ErrSchemaMissing]. The pool stays the caller's: Close does not
+// close it, and it must outlive the Backend.
+func New(pool *pgxpool.Pool, opts Options) (*Backend, error) {
+	if pool == nil {
+		return nil, errors.New("sqllock/postgres: nil pool")
+	}
+	return newBackend(pool, pool, opts)
+}
+
+func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
+	table := opts.Table
+	if table == "" {
+		table = DefaultTable
+	}
+	if err := sqlident.Validate(table); err != nil {
+		return nil, fmt.Errorf("sqllock/postgres: table: %w", err)
+	}
+	if opts.Schema != "" {
+		if err := sqlident.Validate(opts.Schema); err != nil {
+			return nil, fmt.Errorf("sqllock/postgres: schema: %w", err)
+		}
+	}
+	quoted := sqlident.QuotePostgres(opts.Schema, table)
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	b := &Backend{
+		db:      d,
+		pool:    pool,
+		table:   quoted,
+		notify:  !opts.DisableNotify,
+		log:     logger,
+		channel: channelName(opts.Schema, table),
+	}
+	fill := func(q string) string {
+		q = strings.ReplaceAll(q, "{{table}}", quoted)
+		// The channel is built from validated identifiers and '.', so it
+		// needs no escaping inside a string literal.
+		return strings.ReplaceAll(q, "{{channel}}", "'"+b.channel+"'")
+	}
+	b.acquireSQL = fill(acquireSQL)
+	b.renewSQL = fill(renewSQL)
+	b.releaseSQL = fill(releaseSQL)
+	if b.notify {
+		b.releaseSQL = fill(releaseNotifySQL)
+	}
+	b.listSQL = fill(listSQL)
+	b.fenceSQL = fill(fenceSQL)
+	return b, nil
+}
+
+// channelName is the table's NOTIFY channel: "sqllock.<schema>.<table>"
+// ("sqllock.<table>" without a schema), or a hash of it when that is longer
+// than a PostgreSQL identifier (63 bytes). Two tables of the same name in
+// different schemas reached through search_path share a channel; that only
+// costs spurious wake-ups.
+func channelName(schema, table string) string {
+	name := "sqllock." + table
+	if schema != "" {
+		name = "sqllock." + schema + "." + table
+	}
+	if len(name) > sqlident.MaxLen {
+		sum := sha256.Sum256([]byte(name))
+		name = "sqllock." + hex.EncodeToString(sum[:16])
+	}
+	return name
+}
+
+// Close stops the listener and waits for it to end; it does not close the
+// pool. Watch channels stop firing. It is safe to call more than once. Other
+// methods keep working after Close.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	l := b.listener
+	b.listener = nil
+	b.mu.Unlock()
+	if l != nil {
+		l.stop()
+	}
+	return nil
+}
+
+// micros is ttl in whole microseconds, rounded up: the database never ends a
+// lease before the caller's local deadline.
+func micros(ttl time.Duration) int64 {
+	return int64((ttl + time.Microsecond - 1) / time.Microsecond)
+}
+
+// TryAcquire implements [sqllock.Backend.TryAcquire] in one statement (see
+// acquireSQL). A refusal reports the holder, its token and remaining time by
+// the database clock, read in the same round trip; when two first acquires
+// of a new key race, or the row changed while the statement ran, the loser's
+// [*sqllock.HeldError] has no owner and zero Remaining (try again at once).
+//
+// A context that ends while the statement is in flight, or a connection
+// that breaks after it was sent, gives an error matching
+// [sqllock.ErrIndeterminate] (and [sqllock.ErrUnavailable] for the broken
+// connection): the grant may have committed, and repeating the same request
+// (same Owner) returns it.
+func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sqllock.Lease{}, notSent("acquire", req.Key, err)
+	}
+	var (
+		granted, held bool
+		token         int64
+		deadline, now time.Time
+		owner         string
+	)
+	sent := time.Now()
+	err := b.db.QueryRow(ctx, b.acquireSQL, req.Key, micros(req.TTL), req.Owner).
+		Scan(&granted, &token, &deadline, &held, &owner, &now)
+	if err != nil {
+		return sqllock.Lease{}, b.translate(ctx, opAcquire, req.Key, err)
+	}
+	switch {
+	case granted:
+		return sqllock.Lease{
+			Key:           req.Key,
+			Token:         token,
+			Owner:         req.Owner,
+			Deadline:      deadline,
+			BackendTime:   now,
+			LocalDeadline: sent.Add(req.TTL),
+		}, nil
+	case held && deadline.After(now):
+		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key, Owner: owner, Token: token, Remaining: deadline.Sub(now)}
+	case token == math.MaxInt64:
+		return sqllock.Lease{}, fmt.Errorf("%w: %q reached token %d", sqllock.ErrTokenExhausted, req.Key, token)
+	default:
+		// The key had no row and a concurrent first insert won, or the row
+		// looked free in the statement's snapshot but a concurrent acquire
+		// took it first (the UPDATE re-checked the newer row and refused).
+		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key}
+	}
+}
+
+// TryRenew implements [sqllock.Backend.TryRenew] in one statement. A miss is
+// a [*sqllock.LostError] whose reason comes from the same round trip. A
+// renew of unknown outcome (context ended or connection broke in flight) is
+// [sqllock.ErrUnavailable]: repeating it is safe.
+func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := sqllock.ValidateTTL(ttl); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sqllock.Lease{}, notSent("renew", l.Key, err)
+	}
+	var (
+		renewed, held bool
+		current       int64
+		deadline, now time.Time
+	)
+	sent := time.Now()
+	err := b.db.QueryRow(ctx, b.renewSQL, l.Key, l.Token, micros(ttl)).
+		Scan(&renewed, &deadline, &current, &held, &now)
+	if err != nil {
+		return sqllock.Lease{}, b.translate(ctx, opRenew, l.Key, err)
+	}
+	if !renewed {
+		return sqllock.Lease{}, lostReason(l, current, held, deadline, now)
+	}
+	l.Deadline = deadline
+	l.BackendTime = now
+	l.LocalDeadline = sent.Add(ttl)
+	return l, nil
+}
+
+// lostReason explains why lease l could not be renewed or fenced, from the
+// key's row as the statement's snapshot saw it.
+func lostReason(l sqllock.Lease, current int64, held bool, deadline, now time.Time) *sqllock.LostError {
+	e := &sqllock.LostError{Key: l.Key, Token: l.Token}
+	switch {
+	case current > l.Token:
+		e.Reason, e.Current = sqllock.LostTaken, current
+	case current < l.Token:
+		// No row, or a token this key never reached: nothing is held
+		// under l.Token (the row may have been deleted by hand).
+		e.Reason = sqllock.LostReleased
+	case !held:
+		e.Reason = sqllock.LostReleased
+	case !deadline.After(now):
+		e.Reason = sqllock.LostExpired
+	default:
+		// Valid in the snapshot, yet the UPDATE refused the newer row: it
+		// was released (or, rarely, expired and taken) while the statement
+		// ran.
+		e.Reason = sqllock.LostReleased
+	}
+	return e
+}
+
+// Release implements [sqllock.Backend.Release] in one statement, which also
+// notifies watchers (unless [Options.DisableNotify]) when it released a row.
+// Errors are as for TryAcquire: an in-flight failure is
+// [sqllock.ErrIndeterminate], and repeating the release is harmless.
+func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return notSent("release", l.Key, err)
+	}
+	var (
+		released, valid, held bool
+		current               int64
+		deadline, now         time.Time
+	)
+	err := b.db.QueryRow(ctx, b.releaseSQL, l.Key, l.Token).
+		Scan(&released, &valid, &current, &held, &deadline, &now)
+	if err != nil {
+		return b.translate(ctx, opRelease, l.Key, err)
+	}
+	switch {
+	case released && valid:
+		return nil
+	case released:
+		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
+	case current == l.Token && !held:
+		return nil // released before
+	case current == l.Token && deadline.After(now):
+		// Held and valid in the snapshot, yet not released by this
+		// statement: a concurrent release of the same lease won.
+		return nil
+	case current == l.Token:
+		// Expired in the snapshot and changed meanwhile: released by a
+		// concurrent release, or taken over. Either way it had expired.
+		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
+	case current > l.Token:
+		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostTaken, Current: current}
+	default:
+		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostReleased}
+	}
+}
+
+// List implements [sqllock.Backend.List]. The prefix is compared literally
+// (no LIKE patterns); keys come in byte order, as Go sorts strings. An
+// empty prefix lists every key.
+func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
+	if prefix != "" {
+		if err := sqllock.ValidateKey(prefix); err != nil {
+			return nil, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, notSent("list", prefix, err)
+	}
+	rows, err := b.db.Query(ctx, b.listSQL, prefix)
+	if err != nil {
+		return nil, b.translate(ctx, opList, prefix, err)
+	}
+	var out []sqllock.LockInfo
+	var i sqllock.LockInfo
+	var now time.Time
+	_, err = pgx.ForEachRow(rows, []any{&i.Key, &i.Token, &i.Owner, &i.Held, &i.Deadline, &now}, func() error {
+		i.Remaining = 0
+		if i.Held {
+			i.Remaining = i.Deadline.Sub(now)
+		}
+		out = append(out, i)
+		return nil
+	})
+	if err != nil {
+		return nil, b.translate(ctx, opList, prefix, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,190 @@
+package postgres
+
+// The statements of the backend. {{table}} is replaced by the validated,
+// quoted table name when a Backend is built, and {{channel}} by the
+// notification channel as a string literal. Keys, owners, tokens and TTLs are
+// always bind parameters, never pasted.
+//
+// Every statement is one round trip and reads the database clock once, with
+// clock_timestamp() in a materialized "now" CTE (not now(), which is the
+// start of the enclosing transaction), and returns the time it used. TTLs are
+// bound as whole microseconds, rounded up in Go, and turned into an interval
+// with "$n::bigint * interval '1 microsecond'", exact for every TTL up to
+// sqllock.MaxTTL.
+//
+// If a statement waits on a row lock (a concurrent writer, or a fenced
+// transaction holding the row FOR SHARE), its "now" is from before the wait:
+// an expiry decision made with it is conservative, and a deadline computed
+// from it is earlier than it would be, never later.
+
+// acquireSQL grants $1 to owner $3 for $2 microseconds, or reports the holder.
+//
+// It is shaped so that a failed attempt on a held key locks no row, writes no
+// WAL and assigns no transaction id (BENCH.md): the grant is a plain
+// conditional UPDATE, which does nothing when its WHERE does not match, and
+// the INSERT runs only when the key has no row at all in the statement's
+// snapshot (ON CONFLICT DO NOTHING settles a race between two first inserts:
+// the loser reports "held" without details). An INSERT ... ON CONFLICT DO
+// UPDATE ... WHERE would lock the row and flush WAL even when it grants
+// nothing.
+//
+// The UPDATE matches in two cases:
+//   - a new tenure: the lease is released or expired (deadline <= now), and
+//     the token has room to grow (tokens never wrap: at the end of bigint
+//     nothing is granted and the caller reports sqllock.ErrTokenExhausted);
+//   - a same-owner retry: the lease is held, unexpired, by $3 (an acquire
+//     whose reply was lost); the token stays and the deadline moves to
+//     now + TTL.
+//
+// The result is always exactly one row: granted, and the grant (token,
+// deadline) or the current row as the statement's snapshot saw it (token,
+// deadline, held, owner; token 0 when the key had no row), and the database
+// time used. Every sub-statement sees the same snapshot, so "cur" is the row
+// before the UPDATE.
+const acquireSQL = `
+WITH now AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), cur AS MATERIALIZED (
+    SELECT token, held, deadline, owner FROM {{table}} WHERE key = $1
+), upd AS (
+    UPDATE {{table}} AS l
+    SET token = CASE WHEN l.held AND l.deadline > n.now AND l.owner = $3
+                     THEN l.token ELSE l.token + 1 END,
+        held = true,
+        deadline = n.now + $2::bigint * interval '1 microsecond',
+        owner = $3
+    FROM now AS n
+    WHERE l.key = $1
+      AND ((l.held AND l.deadline > n.now AND l.owner = $3)
+           OR ((NOT l.held OR l.deadline <= n.now) AND l.token < 9223372036854775807))
+    RETURNING l.token, l.deadline
+), ins AS (
+    INSERT INTO {{table}} AS l (key, token, held, deadline, owner)
+    SELECT $1, 1, true, n.now + $2::bigint * interval '1 microsecond', $3
+    FROM now AS n
+    WHERE NOT EXISTS (SELECT FROM cur)
+    ON CONFLICT (key) DO NOTHING
+    RETURNING l.token, l.deadline
+)
+SELECT (u.token IS NOT NULL OR i.token IS NOT NULL) AS granted,
+       coalesce(u.token, i.token, c.token, 0) AS token,
+       coalesce(u.deadline, i.deadline, c.deadline, n.now) AS deadline,
+       coalesce(c.held, false) AS held,
+       coalesce(c.owner, '') AS owner,
+       n.now
+FROM now AS n
+LEFT JOIN upd AS u ON true
+LEFT JOIN ins AS i ON true
+LEFT JOIN cur AS c ON true`
+
+// renewSQL extends lease ($1, $2) to now + $3 microseconds iff it is held
+// and unexpired. It returns one row: renewed, the new deadline (or the
+// current one), the current token (0 when the key has no row) and held flag
+// as the snapshot saw them, and the database time used.
+const renewSQL = `
+WITH now AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), cur AS MATERIALIZED (
+    SELECT token, held, deadline FROM {{table}} WHERE key = $1
+), upd AS (
+    UPDATE {{table}} AS l
+    SET deadline = n.now + $3::bigint * interval '1 microsecond'
+    FROM now AS n
+    WHERE l.key = $1 AND l.token = $2 AND l.held AND l.deadline > n.now
+    RETURNING l.deadline
+)
+SELECT u.deadline IS NOT NULL AS renewed,
+       coalesce(u.deadline, c.deadline, n.now) AS deadline,
+       coalesce(c.token, 0) AS token,
+       coalesce(c.held, false) AS held,
+       n.now
+FROM now AS n
+LEFT JOIN upd AS u ON true
+LEFT JOIN cur AS c ON true`
+
+// releaseSQL clears held on lease ($1, $2) iff its token is current, keeping
+// the token and deadline. It returns one row: released, whether the released
+// lease was still valid (deadline > now), the current token, held flag and
+// deadline as the snapshot saw them, and the database time used.
+//
+// releaseNotifySQL is the same statement plus a pg_notify of the key on the
+// table's channel when (and only when) a row was released; the notification
+// is delivered when the statement commits. The "notify" CTE is a SELECT, so
+// it runs only because the final SELECT reads it.
+const releaseSQL = `
+WITH now AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), cur AS MATERIALIZED (
+    SELECT token, held, deadline FROM {{table}} WHERE key = $1
+), upd AS (
+    UPDATE {{table}} AS l
+    SET held = false
+    FROM now AS n
+    WHERE l.key = $1 AND l.token = $2 AND l.held
+    RETURNING l.deadline > n.now AS valid
+)
+SELECT u.valid IS NOT NULL AS released,
+       coalesce(u.valid, false) AS valid,
+       coalesce(c.token, 0) AS token,
+       coalesce(c.held, false) AS held,
+       coalesce(c.deadline, n.now) AS deadline,
+       n.now
+FROM now AS n
+LEFT JOIN upd AS u ON true
+LEFT JOIN cur AS c ON true`
+
+const releaseNotifySQL = `
+WITH now AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), cur AS MATERIALIZED (
+    SELECT token, held, deadline FROM {{table}} WHERE key = $1
+), upd AS (
+    UPDATE {{table}} AS l
+    SET held = false
+    FROM now AS n
+    WHERE l.key = $1 AND l.token = $2 AND l.held
+    RETURNING l.deadline > n.now AS valid
+), notify AS MATERIALIZED (
+    SELECT pg_notify({{channel}}, $1) FROM upd
+)
+SELECT u.valid IS NOT NULL AS released,
+       coalesce(u.valid, false) AS valid,
+       coalesce(c.token, 0) AS token,
+       coalesce(c.held, false) AS held,
+       coalesce(c.deadline, n.now) AS deadline,
+       n.now
+FROM now AS n
+LEFT JOIN upd AS u ON true
+LEFT JOIN cur AS c ON true
+LEFT JOIN (SELECT count(*) AS sent FROM notify) AS s ON true`
+
+// listSQL lists the keys that start with $1 (compared as text, so "%" and
+// "_" are literal), in byte order (COLLATE "C", the order of Go strings).
+const listSQL = `
+SELECT l.key, l.token, l.owner, l.held AND l.deadline > n.now AS live, l.deadline, n.now
+FROM {{table}} AS l, (SELECT clock_timestamp() AS now) AS n
+WHERE left(l.key, length($1)) = $1
+ORDER BY l.key COLLATE "C"`
+
+// fenceSQL starts a fenced transaction: it locks lease ($1, $2) FOR SHARE iff
+// it is held and unexpired, so that no acquire can grant the key (its UPDATE
+// waits on the share lock) until the transaction ends. It also reports the
+// current token, held flag and deadline (snapshot) to explain a miss.
+const fenceSQL = `
+WITH now AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), locked AS MATERIALIZED (
+    SELECT l.deadline FROM {{table}} AS l, now AS n
+    WHERE l.key = $1 AND l.token = $2 AND l.held AND l.deadline > n.now
+    FOR SHARE OF l
+), cur AS MATERIALIZED (
+    SELECT token, held, deadline FROM {{table}} WHERE key = $1
+)
+SELECT k.deadline IS NOT NULL AS locked,
+       coalesce(c.token, 0) AS token,
+       coalesce(c.held, false) AS held,
+       coalesce(c.deadline, n.now) AS deadline,
+       n.now
+FROM now AS n
+LEFT JOIN locked AS k ON true
+LEFT JOIN cur AS c ON true`
