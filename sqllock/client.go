@@ -1,0 +1,288 @@
+package sqllock
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Client takes leases from a [Backend] and keeps them alive. It is safe for
+// concurrent use; create one per process (or per backend) and share it.
+type Client struct {
+	b     Backend
+	opts  Options // resolved: every default filled in
+	log   *slog.Logger
+	owner string
+	seq   atomic.Uint64
+
+	mu     sync.Mutex // guards closed and guards
+	closed bool
+	guards map[*Guard]struct{}
+}
+
+// New returns a Client over b. It validates opts and returns an error
+// matching [ErrInvalidTTL] or [ErrInvalidOwner] for settings that cannot
+// work; it does no I/O.
+func New(b Backend, opts Options) (*Client, error) {
+	if b == nil {
+		return nil, errors.New("sqllock: New: nil Backend")
+	}
+	opts.TTL = cmp.Or(opts.TTL, DefaultTTL)
+	opts.ReleaseTimeout = cmp.Or(opts.ReleaseTimeout, DefaultReleaseTimeout)
+	if opts.Backoff == nil {
+		opts.Backoff = DefaultBackoff
+	}
+	if opts.Owner == "" {
+		opts.Owner = defaultOwner()
+	}
+	if err := ValidateOwner(opts.Owner); err != nil {
+		return nil, err
+	}
+	if len(opts.Owner) > MaxOwnerLen-24 {
+		return nil, fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidOwner, len(opts.Owner), MaxOwnerLen-24)
+	}
+	if _, err := opts.settingsFor(nil); err != nil {
+		return nil, err
+	}
+	if opts.ReleaseTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative ReleaseTimeout", ErrInvalidTTL)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Client{b: b, opts: opts, log: log, owner: opts.Owner, guards: make(map[*Guard]struct{})}, nil
+}
+
+// Owner returns the client's owner name; each lease's owner is this name
+// followed by "/" and the acquire call's sequence number.
+func (c *Client) Owner() string { return c.owner }
+
+func (c *Client) request(key string, s settings) AcquireRequest {
+	return AcquireRequest{Key: key, TTL: s.ttl, Owner: fmt.Sprintf("%s/%d", c.owner, c.seq.Add(1))}
+}
+
+// prepare validates a call's input before any I/O.
+func (c *Client) prepare(key string, ao *AcquireOptions) (settings, error) {
+	if err := ValidateKey(key); err != nil {
+		return settings{}, err
+	}
+	s, err := c.opts.settingsFor(ao)
+	if err != nil {
+		return s, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return s, ErrClosed
+	}
+	return s, nil
+}
+
+// TryAcquire makes one attempt to take key. When the key is held it returns
+// an error matching [ErrNotAcquired] (a [*HeldError] with the holder and its
+// remaining time). On success the returned Guard renews the lease in the
+// background until Release, loss, or the end of ctx (which also ends the
+// Guard: pass a context that lives as long as the critical section).
+//
+// If the backend reports the outcome unknown ([ErrIndeterminate]),
+// TryAcquire repeats the same request (same owner), which returns the grant
+// if the first one was applied; if it still cannot tell, the error matches
+// [ErrIndeterminate] and no Guard is handed out.
+func (c *Client) TryAcquire(ctx context.Context, key string, opts *AcquireOptions) (*Guard, error) {
+	s, err := c.prepare(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	req := c.request(key, s)
+	l, sent, err := c.try(ctx, req, true)
+	if err != nil {
+		return nil, err
+	}
+	return c.newGuard(ctx, l, sent, s)
+}
+
+// Acquire waits until it holds key, ctx ends, or opts.Wait passes. Between
+// attempts it sleeps [Options.Backoff], capped by the holder's remaining
+// lease, and wakes at once when the backend signals a release ([Watcher]).
+// All attempts of one call use one owner, so an attempt whose reply was lost
+// is recognised by the next. When the wait ends it returns the last
+// [ErrNotAcquired] joined with the context's error.
+//
+// The Guard lives under ctx: a short-deadline ctx also ends the Guard. Bound
+// only the wait with opts.Wait.
+func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) (*Guard, error) {
+	s, err := c.prepare(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	wctx := ctx
+	if opts != nil && opts.Wait > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, opts.Wait)
+		defer cancel()
+	}
+	var wake <-chan struct{}
+	if w, ok := c.b.(Watcher); ok {
+		ch, stop := w.Watch(key)
+		defer stop()
+		wake = ch
+	}
+	req := c.request(key, s)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	var last error // the last attempt's error that says more than the context's
+	for attempt := 1; ; attempt++ {
+		l, sent, err := c.try(wctx, req, false)
+		if err == nil {
+			return c.newGuard(ctx, l, sent, s)
+		}
+		var he *HeldError
+		switch {
+		case errors.As(err, &he):
+		case errors.Is(err, ErrIndeterminate), errors.Is(err, ErrUnavailable):
+			c.log.Debug("sqllock: acquire attempt failed, retrying", "key", key, "err", err)
+		case wctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+			return nil, c.waitEnded(ctx, wctx, req, cmp.Or(last, err))
+		default:
+			return nil, err
+		}
+		last = err
+		if wctx.Err() != nil {
+			return nil, c.waitEnded(ctx, wctx, req, err)
+		}
+		d := c.opts.Backoff(attempt)
+		if he != nil && he.Remaining > 0 {
+			d = min(d, he.Remaining)
+		}
+		timer.Reset(max(d, 0))
+		select {
+		case <-wctx.Done():
+			return nil, c.waitEnded(ctx, wctx, req, err)
+		case <-timer.C:
+		case <-wake:
+			timer.Stop() // since Go 1.23 a stopped timer delivers no stale tick
+		}
+	}
+}
+
+// waitEnded builds Acquire's error when its wait ends. If the last attempt
+// was indeterminate, it first settles it (see try).
+func (c *Client) waitEnded(ctx, wctx context.Context, req AcquireRequest, last error) error {
+	if errors.Is(last, ErrIndeterminate) {
+		if _, _, err := c.try(wctx, req, true); err != nil {
+			last = err
+		}
+	}
+	if ctx.Err() == nil && wctx.Err() != nil {
+		// opts.Wait passed: report it as a deadline.
+		return errors.Join(last, context.DeadlineExceeded)
+	}
+	return errors.Join(last, context.Cause(ctx))
+}
+
+// try makes one acquire attempt. With settle set, an indeterminate outcome
+// is settled by repeating the same request (same owner) a few times: the
+// backend returns the grant if the lost attempt was applied. If ctx has
+// ended meanwhile, a grant obtained while settling is released at once and
+// the context's error returned, so no orphan lease outlives the call.
+func (c *Client) try(ctx context.Context, req AcquireRequest, settle bool) (Lease, time.Time, error) {
+	sent := time.Now()
+	l, err := c.b.TryAcquire(ctx, req)
+	if err == nil || !settle || !errors.Is(err, ErrIndeterminate) {
+		return l, sent, err
+	}
+	sctx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), c.opts.ReleaseTimeout)
+		defer cancel()
+	}
+	for attempt := 1; attempt <= 5 && sctx.Err() == nil; attempt++ {
+		sent = time.Now()
+		l, err2 := c.b.TryAcquire(sctx, req)
+		switch {
+		case err2 == nil && ctx.Err() != nil:
+			c.releaseQuietly(sctx, l)
+			return Lease{}, sent, errors.Join(context.Cause(ctx), fmt.Errorf("sqllock: acquire of %q settled and released after its context ended", req.Key))
+		case err2 == nil:
+			return l, sent, nil
+		case errors.Is(err2, ErrIndeterminate), errors.Is(err2, ErrUnavailable):
+			err = errors.Join(ErrIndeterminate, err2)
+		default:
+			return Lease{}, sent, err2 // settled: not ours (or a permanent error)
+		}
+		t := time.NewTimer(c.opts.Backoff(attempt))
+		select {
+		case <-sctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	return Lease{}, sent, err
+}
+
+func (c *Client) releaseQuietly(ctx context.Context, l Lease) {
+	if err := c.b.Release(ctx, l); err != nil {
+		c.log.Warn("sqllock: release failed; the lease ends at its deadline", "key", l.Key, "token", l.Token, "err", err)
+	}
+}
+
+// Do acquires key (waiting as [Client.Acquire] does), runs fn with a context
+// that is cancelled when the lease is lost, and releases the lease when fn
+// returns (also if fn panics). It returns fn's error; if the lease was lost
+// while fn ran, the error also matches [ErrLeaseLost], so the caller learns
+// that fn's work may have overlapped another holder's.
+func (c *Client) Do(ctx context.Context, key string, opts *AcquireOptions, fn func(ctx context.Context, g *Guard) error) (err error) {
+	g, err := c.Acquire(ctx, key, opts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		rerr := g.Release(context.WithoutCancel(ctx))
+		switch {
+		case rerr == nil:
+		case err == nil:
+			err = rerr
+		case errors.Is(rerr, ErrLeaseLost) && !errors.Is(err, ErrLeaseLost):
+			err = errors.Join(err, rerr)
+		}
+	}()
+	return fn(g.Context(), g)
+}
+
+// Close releases every Guard still held (bounded by ctx and
+// Options.ReleaseTimeout) and makes later calls fail with [ErrClosed]. It
+// does not close the backend. Calling it again returns nil.
+func (c *Client) Close(ctx context.Context) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	guards := make([]*Guard, 0, len(c.guards))
+	for g := range c.guards {
+		guards = append(guards, g)
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, g := range guards {
+		if err := g.Release(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Client) forget(g *Guard) {
+	c.mu.Lock()
+	delete(c.guards, g)
+	c.mu.Unlock()
+}

@@ -1,0 +1,620 @@
+package sqllock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/ashlock/ashlock/memory"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// faulty wraps a backend; a nil func field passes the call through. It
+// hides the Watcher of the wrapped backend unless watch is set.
+type faulty struct {
+	sqllock.Backend
+	acquire func(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error)
+	renew   func(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error)
+	release func(ctx context.Context, l sqllock.Lease) error
+
+	mu     sync.Mutex
+	calls  map[string]int
+	renews []time.Time
+}
+
+func (f *faulty) count(op string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.calls == nil {
+		f.calls = map[string]int{}
+	}
+	f.calls[op]++
+	if op == "renew" {
+		f.renews = append(f.renews, time.Now())
+	}
+}
+
+func (f *faulty) renewTimes() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]time.Time(nil), f.renews...)
+}
+
+func (f *faulty) n(op string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[op]
+}
+
+func (f *faulty) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	f.count("acquire")
+	if f.acquire != nil {
+		return f.acquire(ctx, req)
+	}
+	return f.Backend.TryAcquire(ctx, req)
+}
+
+func (f *faulty) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
+	f.count("renew")
+	if f.renew != nil {
+		return f.renew(ctx, l, ttl)
+	}
+	return f.Backend.TryRenew(ctx, l, ttl)
+}
+
+func (f *faulty) Release(ctx context.Context, l sqllock.Lease) error {
+	f.count("release")
+	if f.release != nil {
+		return f.release(ctx, l)
+	}
+	return f.Backend.Release(ctx, l)
+}
+
+type testBundle struct {
+	mem    *memory.Backend
+	b      *faulty
+	client *sqllock.Client
+}
+
+const (
+	ttl      = 3 * time.Second
+	interval = time.Second
+)
+
+func setup(t *testing.T, opts sqllock.Options) *testBundle {
+	t.Helper()
+	mem := memory.New()
+	b := &faulty{Backend: mem}
+	opts.TTL = ttl
+	if opts.Owner == "" {
+		opts.Owner = "test"
+	}
+	// No jitter: the simulated times below are exact.
+	if opts.Backoff == nil {
+		opts.Backoff = func(int) time.Duration { return 100 * time.Millisecond }
+	}
+	c, err := sqllock.New(b, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return &testBundle{mem: mem, b: b, client: c}
+}
+
+func held(t *testing.T, mem *memory.Backend, key string) bool {
+	t.Helper()
+	infos, err := mem.List(context.Background(), key)
+	require.NoError(t, err)
+	return len(infos) == 1 && infos[0].Held
+}
+
+func lostReason(t *testing.T, g *sqllock.Guard) sqllock.LostReason {
+	t.Helper()
+	var le *sqllock.LostError
+	require.ErrorAs(t, context.Cause(g.Context()), &le)
+	require.ErrorIs(t, g.Err(), sqllock.ErrLeaseLost)
+	return le.Reason
+}
+
+func TestRenewCadence(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		start := time.Now()
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		time.Sleep(10*interval + interval/2)
+		require.NoError(t, g.Err())
+		renews := tb.b.renewTimes()
+		require.Len(t, renews, 10)
+		for i, at := range renews {
+			require.Equal(t, time.Duration(i+1)*interval, at.Sub(start), "renew %d", i)
+		}
+		require.NoError(t, g.Release(t.Context()))
+		require.False(t, held(t, tb.mem, "k"))
+	})
+}
+
+func TestDefaultRenewIntervalIsTTLOverThree(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		g, err := tb.client.TryAcquire(t.Context(), "k", &sqllock.AcquireOptions{TTL: 9 * time.Second})
+		require.NoError(t, err)
+		time.Sleep(2*time.Second + 999*time.Millisecond)
+		require.Equal(t, 0, tb.b.n("renew"))
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		require.Equal(t, 1, tb.b.n("renew"))
+		require.NoError(t, g.Release(t.Context()))
+	})
+}
+
+func TestLocalDeadlineFromSendTime(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const delay = 700 * time.Millisecond
+		tb := setup(t, sqllock.Options{Margin: 50 * time.Millisecond})
+		// The backend applies the request at once but the reply takes
+		// delay: the lease began at send time, so the local deadline must
+		// count from there.
+		tb.b.acquire = func(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+			l, err := tb.mem.TryAcquire(ctx, req)
+			time.Sleep(delay)
+			return l, err
+		}
+		tb.b.renew = func(ctx context.Context, l sqllock.Lease, d time.Duration) (sqllock.Lease, error) {
+			nl, err := tb.mem.TryRenew(ctx, l, d)
+			time.Sleep(delay)
+			return nl, err
+		}
+		sent := time.Now()
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		require.Equal(t, sent.Add(ttl-50*time.Millisecond), g.LocalDeadline())
+
+		// The first renewal is sent at sent+interval, answered delay later.
+		time.Sleep(interval + delay + time.Millisecond)
+		require.NoError(t, g.Err())
+		require.Equal(t, sent.Add(interval+ttl-50*time.Millisecond), g.LocalDeadline())
+		require.NoError(t, g.Release(t.Context()))
+	})
+}
+
+func TestStolenLeaseLostWithinOneInterval(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		time.Sleep(interval / 2)
+		tb.mem.Expire("k")
+		other, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		stolen := time.Now()
+		<-g.Done()
+		require.LessOrEqual(t, time.Since(stolen), interval)
+		require.Equal(t, sqllock.LostTaken, lostReason(t, g))
+		require.Greater(t, other.Token(), g.Token())
+
+		// Releasing the lost guard reports the loss and leaves the new
+		// holder alone.
+		require.ErrorIs(t, g.Release(t.Context()), sqllock.ErrLeaseLost)
+		require.NoError(t, other.Err())
+		require.True(t, held(t, tb.mem, "k"))
+		require.NoError(t, other.Release(t.Context()))
+	})
+}
+
+func TestLostAtLocalDeadlineWhenBackendHangs(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{Margin: 100 * time.Millisecond})
+		var hang atomic.Bool
+		tb.b.renew = func(ctx context.Context, l sqllock.Lease, d time.Duration) (sqllock.Lease, error) {
+			if hang.Load() {
+				<-ctx.Done() // no reply until the caller gives up
+				return sqllock.Lease{}, errors.Join(sqllock.ErrUnavailable, ctx.Err())
+			}
+			return tb.mem.TryRenew(ctx, l, d)
+		}
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		time.Sleep(interval + time.Millisecond) // one good renewal
+		require.NoError(t, g.Err())
+		deadline := g.LocalDeadline()
+		hang.Store(true)
+		<-g.Done()
+		require.Equal(t, deadline, time.Now(), "cancelled exactly at the local deadline")
+		require.Equal(t, sqllock.LostUnreachable, lostReason(t, g))
+		// The local deadline is before the backend's deadline.
+		require.True(t, held(t, tb.mem, "k"))
+		require.ErrorIs(t, g.Release(t.Context()), sqllock.ErrLeaseLost)
+	})
+}
+
+func TestTransientRenewErrorsAreRetried(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		var failures atomic.Int32
+		failures.Store(5) // 5 × 100ms of retries, well inside the lease
+		tb.b.renew = func(ctx context.Context, l sqllock.Lease, d time.Duration) (sqllock.Lease, error) {
+			if failures.Add(-1) >= 0 {
+				return sqllock.Lease{}, sqllock.ErrUnavailable
+			}
+			return tb.mem.TryRenew(ctx, l, d)
+		}
+		start := time.Now()
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		time.Sleep(interval + 600*time.Millisecond)
+		require.NoError(t, g.Err(), "transient errors are not a loss")
+		require.Equal(t, 6, tb.b.n("renew"))
+		// The sixth attempt, sent at interval + 5×100ms, succeeded.
+		margin := ttl/100 + 2*time.Millisecond
+		require.Equal(t, start.Add(interval+500*time.Millisecond+ttl-margin), g.LocalDeadline())
+
+		// Persistent failures: lost at the local deadline, with the error.
+		failures.Store(1 << 30)
+		deadline := g.LocalDeadline()
+		<-g.Done()
+		require.Equal(t, deadline, time.Now())
+		require.Equal(t, sqllock.LostUnreachable, lostReason(t, g))
+		require.ErrorIs(t, g.Err(), sqllock.ErrUnavailable)
+		require.ErrorIs(t, g.Release(t.Context()), sqllock.ErrLeaseLost)
+	})
+}
+
+func TestLateRenewalDoesNotRevive(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		var slow atomic.Bool
+		tb.b.renew = func(ctx context.Context, l sqllock.Lease, d time.Duration) (sqllock.Lease, error) {
+			if slow.Load() {
+				// Ignores ctx, replies after the local deadline, success.
+				time.Sleep(ttl)
+				return tb.mem.TryRenew(context.Background(), l, d)
+			}
+			return tb.mem.TryRenew(ctx, l, d)
+		}
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		slow.Store(true)
+		<-g.Done()
+		require.Equal(t, sqllock.LostUnreachable, lostReason(t, g))
+		time.Sleep(2 * ttl) // the slow renewal succeeds meanwhile
+		require.Equal(t, sqllock.LostUnreachable, lostReason(t, g), "a late success must not revive")
+		_, err = g.Renew(t.Context())
+		require.ErrorIs(t, err, sqllock.ErrLeaseLost)
+		require.ErrorIs(t, g.Release(t.Context()), sqllock.ErrLeaseLost)
+	})
+}
+
+func TestReleaseRacingRenewal(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		inRenew := make(chan struct{})
+		tb.b.renew = func(ctx context.Context, l sqllock.Lease, d time.Duration) (sqllock.Lease, error) {
+			close(inRenew)
+			select {
+			case <-time.After(200 * time.Millisecond):
+			case <-ctx.Done():
+				return sqllock.Lease{}, ctx.Err()
+			}
+			return tb.mem.TryRenew(ctx, l, d)
+		}
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		<-inRenew
+		require.NoError(t, g.Release(t.Context()))
+		require.ErrorIs(t, context.Cause(g.Context()), sqllock.ErrReleased)
+		require.ErrorIs(t, g.Err(), sqllock.ErrReleased)
+		require.False(t, held(t, tb.mem, "k"))
+		require.NoError(t, g.Release(t.Context()), "a second Release returns the first result")
+		_, err = g.Renew(t.Context())
+		require.ErrorIs(t, err, sqllock.ErrReleased)
+		time.Sleep(2 * ttl)
+		require.Equal(t, 1, tb.b.n("renew"), "no renewal after Release")
+		require.Equal(t, 1, tb.b.n("release"))
+	})
+}
+
+func TestConcurrentReleases(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() { require.NoError(t, g.Release(context.Background())) })
+		}
+		wg.Wait()
+		require.Equal(t, 1, tb.b.n("release"))
+	})
+}
+
+func TestParentContextCancelled(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		ctx, cancel := context.WithCancel(t.Context())
+		g, err := tb.client.TryAcquire(ctx, "k", nil)
+		require.NoError(t, err)
+		cancel()
+		<-g.Done()
+		require.ErrorIs(t, context.Cause(g.Context()), context.Canceled)
+		synctest.Wait()
+		require.False(t, held(t, tb.mem, "k"), "released on the caller's behalf")
+		require.NoError(t, g.Release(t.Context()))
+		require.Equal(t, 1, tb.b.n("release"))
+	})
+}
+
+func TestDoCancelsOnLoss(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		err := tb.client.Do(t.Context(), "k", nil, func(ctx context.Context, g *sqllock.Guard) error {
+			tb.mem.Expire("k")
+			_, err := tb.client.TryAcquire(t.Context(), "k", nil)
+			require.NoError(t, err)
+			<-ctx.Done()
+			var le *sqllock.LostError
+			require.ErrorAs(t, context.Cause(ctx), &le)
+			require.Equal(t, sqllock.LostTaken, le.Reason)
+			return nil
+		})
+		require.ErrorIs(t, err, sqllock.ErrLeaseLost)
+	})
+}
+
+func TestDoReleasesAndReturnsFnError(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		boom := errors.New("boom")
+		err := tb.client.Do(t.Context(), "k", nil, func(ctx context.Context, g *sqllock.Guard) error {
+			require.True(t, held(t, tb.mem, "k"))
+			return boom
+		})
+		require.ErrorIs(t, err, boom)
+		require.NotErrorIs(t, err, sqllock.ErrLeaseLost)
+		require.False(t, held(t, tb.mem, "k"))
+
+		require.Panics(t, func() {
+			_ = tb.client.Do(t.Context(), "k", nil, func(context.Context, *sqllock.Guard) error { panic("fn") })
+		})
+		require.False(t, held(t, tb.mem, "k"), "released after a panic")
+	})
+}
+
+func TestAcquireWakesOnRelease(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{Backoff: func(int) time.Duration { return time.Hour }})
+		// With a Watcher, a waiter wakes at the release, not at its poll.
+		c, err := sqllock.New(tb.mem, sqllock.Options{TTL: ttl, Backoff: func(int) time.Duration { return time.Hour }})
+		require.NoError(t, err)
+		defer c.Close(t.Context())
+		holder, err := c.TryAcquire(t.Context(), "k", &sqllock.AcquireOptions{TTL: time.Hour})
+		require.NoError(t, err)
+		go func() {
+			time.Sleep(5 * time.Second)
+			require.NoError(t, holder.Release(context.Background()))
+		}()
+		start := time.Now()
+		g, err := c.Acquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		require.Equal(t, 5*time.Second, time.Since(start))
+		require.Greater(t, g.Token(), holder.Token())
+		require.NoError(t, g.Release(t.Context()))
+		_ = tb
+	})
+}
+
+func TestAcquireWaitIsCappedByRemainingLease(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		// No Watcher (faulty hides it) and a huge backoff: the waiter must
+		// still wake when the crashed holder's lease ends.
+		tb := setup(t, sqllock.Options{Backoff: func(int) time.Duration { return time.Hour }})
+		crashed, err := tb.mem.TryAcquire(t.Context(), sqllock.AcquireRequest{Key: "k", TTL: 7 * time.Second, Owner: "crashed"})
+		require.NoError(t, err)
+		start := time.Now()
+		g, err := tb.client.Acquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		require.Equal(t, 7*time.Second, time.Since(start))
+		require.Greater(t, g.Token(), crashed.Token)
+		require.Equal(t, 2, tb.b.n("acquire"))
+		require.NoError(t, g.Release(t.Context()))
+	})
+}
+
+func TestAcquireWaitBound(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		holder, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		start := time.Now()
+		_, err = tb.client.Acquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: 2 * time.Second})
+		require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Equal(t, 2*time.Second, time.Since(start))
+
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		_, err = tb.client.Acquire(ctx, "k", nil)
+		require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.NoError(t, holder.Release(t.Context()))
+	})
+}
+
+func TestWaitDoesNotEndTheGuard(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		g, err := tb.client.Acquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: time.Second})
+		require.NoError(t, err)
+		time.Sleep(10 * time.Second)
+		require.NoError(t, g.Err())
+		require.NoError(t, g.Release(t.Context()))
+	})
+}
+
+func TestIndeterminateAcquireIsSettled(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		var first atomic.Bool
+		first.Store(true)
+		tb.b.acquire = func(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+			l, err := tb.mem.TryAcquire(ctx, req)
+			if first.Swap(false) {
+				return sqllock.Lease{}, sqllock.ErrIndeterminate // applied, reply lost
+			}
+			return l, err
+		}
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), g.Token(), "the retry got the same grant, not a second tenure")
+		require.Equal(t, 2, tb.b.n("acquire"))
+		require.NoError(t, g.Release(t.Context()))
+	})
+}
+
+func TestIndeterminateAcquireAfterContextEndIsReleased(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		ctx, cancel := context.WithCancel(t.Context())
+		tb.b.acquire = func(actx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+			if actx == ctx {
+				l, err := tb.mem.TryAcquire(actx, req)
+				require.NoError(t, err)
+				cancel() // the context ends while the reply is in flight
+				return l, errors.Join(sqllock.ErrIndeterminate, context.Canceled)
+			}
+			return tb.mem.TryAcquire(actx, req)
+		}
+		_, err := tb.client.TryAcquire(ctx, "k", nil)
+		require.ErrorIs(t, err, context.Canceled)
+		require.False(t, held(t, tb.mem, "k"), "the settled grant was released")
+	})
+}
+
+func TestIndeterminateUnsettled(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		tb.b.acquire = func(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+			return sqllock.Lease{}, sqllock.ErrIndeterminate
+		}
+		_, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.ErrorIs(t, err, sqllock.ErrIndeterminate)
+	})
+}
+
+func TestBadInputBeforeIO(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, sqllock.Options{})
+	for _, key := range []string{"", "a\x00", "\xff"} {
+		_, err := tb.client.TryAcquire(t.Context(), key, nil)
+		require.ErrorIs(t, err, sqllock.ErrInvalidKey)
+		_, err = tb.client.Acquire(t.Context(), key, nil)
+		require.ErrorIs(t, err, sqllock.ErrInvalidKey)
+		err = tb.client.Do(t.Context(), key, nil, func(context.Context, *sqllock.Guard) error { return nil })
+		require.ErrorIs(t, err, sqllock.ErrInvalidKey)
+	}
+	for _, ao := range []*sqllock.AcquireOptions{{TTL: time.Microsecond}, {TTL: 48 * time.Hour}, {TTL: -1}, {Wait: -1}} {
+		_, err := tb.client.TryAcquire(t.Context(), "k", ao)
+		require.ErrorIs(t, err, sqllock.ErrInvalidTTL)
+	}
+	require.Equal(t, 0, tb.b.n("acquire"))
+}
+
+func TestNewValidatesOptions(t *testing.T) {
+	t.Parallel()
+	mem := memory.New()
+	for _, o := range []sqllock.Options{
+		{TTL: time.Microsecond},
+		{TTL: 10 * time.Second, RenewInterval: 6 * time.Second},
+		{TTL: 10 * time.Second, Margin: 5 * time.Second},
+		{TTL: 10 * time.Second, Margin: -1},
+		{TTL: 10 * time.Second, ReleaseTimeout: -1},
+	} {
+		_, err := sqllock.New(mem, o)
+		require.ErrorIs(t, err, sqllock.ErrInvalidTTL, "%+v", o)
+	}
+	for _, owner := range []string{"a\x00", "\xff", string(make([]byte, 500))} {
+		_, err := sqllock.New(mem, sqllock.Options{Owner: owner})
+		require.ErrorIs(t, err, sqllock.ErrInvalidOwner)
+	}
+	_, err := sqllock.New(nil, sqllock.Options{})
+	require.Error(t, err)
+	c, err := sqllock.New(mem, sqllock.Options{})
+	require.NoError(t, err)
+	require.NotEmpty(t, c.Owner())
+}
+
+func TestOwnerUniquePerAcquireCall(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		g1, err := tb.client.TryAcquire(t.Context(), "a", nil)
+		require.NoError(t, err)
+		g2, err := tb.client.TryAcquire(t.Context(), "b", nil)
+		require.NoError(t, err)
+		require.NotEqual(t, g1.Lease().Owner, g2.Lease().Owner)
+		// Two calls of one client contend like strangers.
+		_, err = tb.client.TryAcquire(t.Context(), "a", nil)
+		require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+	})
+}
+
+func TestCloseReleasesGuards(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		require.NoError(t, tb.client.Close(t.Context()))
+		require.ErrorIs(t, g.Err(), sqllock.ErrReleased)
+		require.False(t, held(t, tb.mem, "k"))
+		_, err = tb.client.TryAcquire(t.Context(), "k", nil)
+		require.ErrorIs(t, err, sqllock.ErrClosed)
+		require.NoError(t, tb.client.Close(t.Context()))
+	})
+}
+
+func TestManualRenew(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		time.Sleep(interval / 2)
+		before := g.LocalDeadline()
+		l, err := g.Renew(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, g.Token(), l.Token)
+		require.Equal(t, before.Add(interval/2), g.LocalDeadline())
+		tb.mem.Expire("k")
+		_, err = g.Renew(t.Context())
+		require.ErrorIs(t, err, sqllock.ErrLeaseLost)
+		<-g.Done()
+		require.Equal(t, sqllock.LostExpired, lostReason(t, g))
+	})
+}

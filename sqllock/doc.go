@@ -1,0 +1,111 @@
+// Package sqllock provides distributed locks — leases with fencing tokens —
+// whose authority is a database the application already runs: PostgreSQL
+// for a fleet of hosts (package dialect/postgres), SQLite for the processes
+// of one host (dialect/sqlite), or memory for one process (package memory).
+//
+// # Overview
+//
+// A [Client] takes leases from a [Backend]. [Client.TryAcquire] makes one
+// attempt; [Client.Acquire] waits; [Client.Do] acquires, runs a function
+// and releases. Each returns or uses a [Guard]: the held lease plus a
+// watchdog that renews it in the background and cancels [Guard.Context] the
+// moment the holder can no longer be sure it holds the lock.
+//
+//	c, _ := sqllock.New(backend, sqllock.Options{})
+//	err := c.Do(ctx, "nightly-report", nil, func(ctx context.Context, g *sqllock.Guard) error {
+//		return build(ctx, g.Token()) // stop when ctx is done; fence writes with the token
+//	})
+//
+// # Leases and TTL
+//
+// Every key's state is (token, held, deadline, owner), stored by the backend
+// and changed only by single conditional statements. An acquire succeeds
+// iff the key is free, released, or its deadline has passed by the
+// database's clock; it sets token = previous token + 1 and deadline =
+// database now + TTL. Renew extends the deadline iff the token is still
+// current and unexpired; release clears held iff the token is current. The
+// database clock alone decides expiry: clocks of different hosts are never
+// compared.
+//
+//	            acquire (token+1)              release (token kept)
+//	  free ───────────────────────▶ held ─────────────────────────▶ free
+//	   ▲                           │  ▲ │
+//	   │        deadline passes    │  └─┘ renew (same token, deadline = now+TTL)
+//	   └───────────────────────────┘
+//	        (an acquire may take over an expired lease: token+1)
+//
+// The client keeps its own local deadline on the monotonic clock:
+// (time just before the request was sent) + TTL - margin. The lease began at
+// the database no earlier than the request was sent, so the local deadline
+// is never later than the database's deadline, whatever the network delay,
+// as long as the two clocks run at nearly the same rate. The watchdog renews
+// every TTL/3 and retries transient errors until the local deadline.
+//
+// # Lease loss
+//
+// The Guard's context is cancelled, with a [*LostError] as its
+// [context.Cause], at the first of: a renewal that finds the lease expired,
+// taken by a newer token, or released; or the local deadline passing without
+// a successful renewal (the backend unreachable or slow). A renewal that
+// succeeds after the local deadline does not revive the Guard. Code under a
+// lock must watch the context and stop.
+//
+// # Fencing tokens
+//
+// No lease lock can promise that two processes never act at once: a
+// process paused (GC, swap, SIGSTOP) past its deadline, or a database clock
+// that steps forward, lets a stale holder run on after a new holder took
+// over. The answer is the fencing token, [Guard.Token]: strictly greater
+// for every grant of a key. Pass it with every write to the protected
+// resource, which keeps the highest token it has seen and refuses writes
+// carrying a lower one:
+//
+//	UPDATE accounts SET balance = $1, fence = $2 WHERE id = $3 AND fence <= $2
+//
+// Then a stale holder's write is refused, whatever the timing.
+//
+// # Guarantees
+//
+// Under these assumptions — A1: the database is linearizable for our
+// statements (one PostgreSQL primary, or one SQLite file on one host); A2:
+// the database clock and each client's monotonic clock run at nearly the
+// same rate and the database clock does not step by more than the margin;
+// A3: a holder's whole-process pause is shorter than the margin — ashlock
+// promises:
+//
+//   - G1: the database never records two unexpired grants of one key (A1).
+//   - G2: each grant's token is strictly greater than every earlier token
+//     of that key, across release, expiry, takeover, crash and restart; at
+//     the end of the token space it fails with [ErrTokenExhausted], never
+//     wraps.
+//   - G3: a Guard's context is cancelled no later than the send time of the
+//     last successful acquire or renew + TTL - margin (A2, A3).
+//   - G4: a resource that applies writes only with token >= the highest it
+//     has seen never applies a stale holder's write after a newer one (A1).
+//   - G5: after a holder crashes, another contender acquires within TTL +
+//     one poll interval + one round trip.
+//   - G6: an outcome that is unknown (reply lost) is reported as
+//     [ErrIndeterminate], never guessed; repeating the same acquire does not
+//     create a second tenure.
+//   - G7: invalid input fails before any I/O, the same way on every backend.
+//   - G8: after Release or cancellation no goroutine of the Guard remains.
+//
+// Not promised: exclusion for unfenced side effects when A2 or A3 fail;
+// FIFO fairness among waiters; progress while the database is down;
+// exactly-once work; safety across failover to an asynchronous standby; on
+// SQLite the "database clock" is the host's wall clock.
+//
+// # Choosing a backend
+//
+// PostgreSQL (dialect/postgres) serves many hosts: pass the application's
+// *pgxpool.Pool. SQLite (dialect/sqlite) serves the processes of one host
+// through one file. Package memory serves the goroutines of one process and
+// is what the examples use. Every backend passes the conformance suite in
+// package backendtest.
+//
+// # Migrations
+//
+// The SQL backends need their table: run `sqllock migrate up`, or call the
+// migrations package (goose migrations with the library's own version
+// table), or print the SQL with `sqllock migrate sql` for your own tool.
+package sqllock

@@ -1,0 +1,129 @@
+package sqllock
+
+import (
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"time"
+)
+
+// Defaults for [Options] and [AcquireOptions].
+const (
+	DefaultTTL            = 30 * time.Second
+	DefaultReleaseTimeout = 5 * time.Second
+)
+
+// Options configure a [Client]. The zero value of every field means its
+// default, so Options{} is a working configuration.
+type Options struct {
+	// Owner names this client in every lease it takes (`sqllock list` shows
+	// it). Each acquire call appends its own sequence number, so that a retry
+	// of one call is recognised and two calls never share an owner. Default:
+	// "host:pid:random". At most MaxOwnerLen-24 bytes.
+	Owner string
+
+	// Logger receives lease losses (Warn) and transient renewal failures
+	// (Debug). nil discards.
+	Logger *slog.Logger
+
+	// TTL is the lease duration when AcquireOptions.TTL is zero. Default
+	// [DefaultTTL]. See [ValidateTTL] for the bounds.
+	TTL time.Duration
+
+	// RenewInterval is how often a Guard renews its lease. Default: a third
+	// of the lease's TTL. It must be at most half the TTL of every lease the
+	// client takes, so that one failed renewal leaves time for another.
+	RenewInterval time.Duration
+
+	// Margin is the safety margin subtracted from the local deadline:
+	// local deadline = (monotonic time just before the request was sent) +
+	// TTL - Margin. It absorbs clock-rate differences between this host and
+	// the database and scheduling delays. Default: TTL/100 + 2ms, capped at
+	// TTL/4 for very short TTLs. It must be less than half the TTL.
+	Margin time.Duration
+
+	// Backoff returns how long to wait before the attempt-th retry (attempt
+	// starts at 1), jitter included: between acquire attempts on a held key
+	// (capped by the holder's remaining lease) and between failed renewals.
+	// It must be safe for concurrent use and should be stateless. Default
+	// [DefaultBackoff].
+	Backoff func(attempt int) time.Duration
+
+	// ReleaseTimeout bounds a release made on the caller's behalf: by Do, by
+	// Close, after the Guard's parent context ended, or by Release called
+	// with a context that is already done. Default [DefaultReleaseTimeout].
+	ReleaseTimeout time.Duration
+}
+
+// AcquireOptions are per-call settings; a nil *AcquireOptions means the
+// client's defaults.
+type AcquireOptions struct {
+	// TTL of this lease; default Options.TTL.
+	TTL time.Duration
+	// Wait bounds how long Acquire and Do wait for the key; zero waits until
+	// the context ends. The bound ends the wait only: the Guard lives on
+	// under the context passed to Acquire. TryAcquire ignores it.
+	Wait time.Duration
+}
+
+// DefaultBackoff waits 5ms·2^(attempt-1), capped at 250ms, with full jitter
+// over the upper half ([d/2, d]) so that waiters do not poll in step.
+func DefaultBackoff(attempt int) time.Duration {
+	d := 250 * time.Millisecond
+	if attempt < 7 {
+		d = min(d, 5*time.Millisecond<<max(attempt-1, 0))
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// defaultMargin is TTL/100 + 2ms, capped at TTL/4.
+func defaultMargin(ttl time.Duration) time.Duration {
+	return min(ttl/100+2*time.Millisecond, ttl/4)
+}
+
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	if len(host) > 200 {
+		host = host[:200]
+	}
+	return fmt.Sprintf("%s:%d:%08x", host, os.Getpid(), rand.Uint32())
+}
+
+// settings are the resolved timings of one lease.
+type settings struct {
+	ttl, interval, margin time.Duration
+}
+
+// settingsFor resolves the timings of a lease from the client options and
+// the per-call options, refusing combinations that cannot work.
+func (o *Options) settingsFor(ao *AcquireOptions) (settings, error) {
+	s := settings{ttl: o.TTL}
+	if ao != nil && ao.TTL != 0 {
+		s.ttl = ao.TTL
+	}
+	if err := ValidateTTL(s.ttl); err != nil {
+		return s, err
+	}
+	if ao != nil && ao.Wait < 0 {
+		return s, fmt.Errorf("%w: negative Wait %v", ErrInvalidTTL, ao.Wait)
+	}
+	s.interval = o.RenewInterval
+	if s.interval == 0 {
+		s.interval = s.ttl / 3
+	}
+	if s.interval <= 0 || s.interval > s.ttl/2 {
+		return s, fmt.Errorf("%w: renew interval %v must be in (0, TTL/2] for TTL %v", ErrInvalidTTL, s.interval, s.ttl)
+	}
+	s.margin = o.Margin
+	if s.margin == 0 {
+		s.margin = defaultMargin(s.ttl)
+	}
+	if s.margin < 0 || s.margin >= s.ttl/2 {
+		return s, fmt.Errorf("%w: margin %v must be in [0, TTL/2) for TTL %v", ErrInvalidTTL, s.margin, s.ttl)
+	}
+	return s, nil
+}
