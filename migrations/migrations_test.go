@@ -1,0 +1,424 @@
+package migrations_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	_ "modernc.org/sqlite"
+
+	"github.com/ashlock/ashlock/migrations"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+type testBundle struct {
+	db *sql.DB
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "test.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	return &testBundle{db: db}
+}
+
+// tableExists reports whether SQLite has a table with exactly this name.
+func tableExists(t *testing.T, db *sql.DB, name string) bool {
+	t.Helper()
+	var n int
+	err := db.QueryRow(`SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?`, name).Scan(&n)
+	require.NoError(t, err)
+	return n == 1
+}
+
+func TestSQLite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("UpCreatesTablesAndIsIdempotent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+
+		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		require.True(t, tableExists(t, b.db, "sqllock_locks"))
+		require.True(t, tableExists(t, b.db, "sqllock_locks_version"))
+		require.False(t, tableExists(t, b.db, goose.DefaultTablename))
+
+		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		var rows int
+		require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM sqllock_locks_version WHERE version_id > 0`).Scan(&rows))
+		require.Equal(t, 1, rows)
+
+		st, err := migrations.Status(ctx, migrations.SQLite, b.db, migrations.Options{})
+		require.NoError(t, err)
+		require.Len(t, st, 1)
+		require.Equal(t, goose.StateApplied, st[0].State)
+		require.EqualValues(t, 1, st[0].Source.Version)
+	})
+
+	t.Run("Schema", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{}))
+
+		_, err := b.db.Exec(`INSERT INTO sqllock_locks (key, token, held, deadline, owner) VALUES ('k', 1, 1, 1700000000000, 'me')`)
+		require.NoError(t, err)
+		for name, stmt := range map[string]string{
+			"ZeroToken":  `INSERT INTO sqllock_locks VALUES ('a', 0, 1, 1, 'o')`,
+			"HeldTwo":    `INSERT INTO sqllock_locks VALUES ('b', 1, 2, 1, 'o')`,
+			"StrictType": `INSERT INTO sqllock_locks VALUES ('c', 1, 1, 'soon', 'o')`,
+			"NullOwner":  `INSERT INTO sqllock_locks VALUES ('d', 1, 1, 1, NULL)`,
+			"DupKey":     `INSERT INTO sqllock_locks VALUES ('k', 2, 1, 1, 'o')`,
+		} {
+			_, err := b.db.Exec(stmt)
+			require.Error(t, err, name)
+		}
+	})
+
+	t.Run("DownDrops", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		require.NoError(t, migrations.Down(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		require.False(t, tableExists(t, b.db, "sqllock_locks"))
+
+		st, err := migrations.Status(ctx, migrations.SQLite, b.db, migrations.Options{})
+		require.NoError(t, err)
+		require.Equal(t, goose.StatePending, st[0].State)
+
+		err = migrations.Down(ctx, migrations.SQLite, b.db, migrations.Options{})
+		require.ErrorIs(t, err, goose.ErrNoNextVersion)
+	})
+
+	t.Run("CustomTable", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		o := migrations.Options{Table: "Team_Locks"}
+		require.Equal(t, "Team_Locks_version", o.VersionTable())
+
+		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, o))
+		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, o))
+		require.True(t, tableExists(t, b.db, "Team_Locks"))
+		require.True(t, tableExists(t, b.db, "Team_Locks_version"))
+		require.False(t, tableExists(t, b.db, "sqllock_locks"))
+
+		// A second lock table in the same database is independent.
+		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		require.NoError(t, migrations.Down(ctx, migrations.SQLite, b.db, o))
+		require.False(t, tableExists(t, b.db, "Team_Locks"))
+		require.True(t, tableExists(t, b.db, "sqllock_locks"))
+	})
+
+	t.Run("HostGooseUntouched", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		host, err := goose.NewProvider(goose.DialectSQLite3, b.db, fstest.MapFS{
+			"00001_app.sql": {Data: []byte("-- +goose Up\nCREATE TABLE app (id INTEGER);\n-- +goose Down\nDROP TABLE app;\n")},
+		}, goose.WithDisableGlobalRegistry(true))
+		require.NoError(t, err)
+		_, err = host.Up(ctx)
+		require.NoError(t, err)
+
+		snapshot := func() string {
+			rows, err := b.db.Query(`SELECT id, version_id, is_applied, tstamp FROM goose_db_version ORDER BY id`)
+			require.NoError(t, err)
+			defer rows.Close()
+			var sb strings.Builder
+			for rows.Next() {
+				var id, version, applied int64
+				var ts string
+				require.NoError(t, rows.Scan(&id, &version, &applied, &ts))
+				fmt.Fprintf(&sb, "%d,%d,%d,%s;", id, version, applied, ts)
+			}
+			require.NoError(t, rows.Err())
+			return sb.String()
+		}
+		before := snapshot()
+
+		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		require.NoError(t, migrations.Down(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		require.Equal(t, before, snapshot())
+		require.True(t, tableExists(t, b.db, "app"))
+
+		hostStatus, err := host.Status(ctx)
+		require.NoError(t, err)
+		require.Len(t, hostStatus, 1)
+		require.Equal(t, goose.StateApplied, hostStatus[0].State)
+	})
+
+	t.Run("ConcurrentUp", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "shared.db")
+		const n = 4
+		errs := make(chan error, n)
+		for range n {
+			go func() {
+				db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer db.Close()
+				errs <- migrations.Up(ctx, migrations.SQLite, db, migrations.Options{})
+			}()
+		}
+		for range n {
+			require.NoError(t, <-errs)
+		}
+	})
+}
+
+func TestInvalidInputRefusedBeforeIO(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// A closed handle: any I/O would fail with sql.ErrConnDone, not our errors.
+	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "unused.db"))
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+
+	for name, tc := range map[string]struct {
+		d    migrations.Dialect
+		o    migrations.Options
+		want error
+	}{
+		"TableInjection": {migrations.SQLite, migrations.Options{Table: "x; drop"}, migrations.ErrInvalidIdentifier},
+		"TableQuote":     {migrations.Postgres, migrations.Options{Table: `a"b`}, migrations.ErrInvalidIdentifier},
+		"SchemaDot":      {migrations.Postgres, migrations.Options{Schema: "a.b"}, migrations.ErrInvalidIdentifier},
+		"TableTooLong":   {migrations.SQLite, migrations.Options{Table: strings.Repeat("t", 64)}, migrations.ErrInvalidIdentifier},
+		"VersionTooLong": {migrations.Postgres, migrations.Options{Table: strings.Repeat("t", 56)}, migrations.ErrInvalidIdentifier},
+		"UnknownDialect": {"mysql", migrations.Options{}, migrations.ErrUnknownDialect},
+		"EmptyDialect":   {"", migrations.Options{}, migrations.ErrUnknownDialect},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			require.ErrorIs(t, migrations.Up(ctx, tc.d, db, tc.o), tc.want)
+			require.ErrorIs(t, migrations.Down(ctx, tc.d, db, tc.o), tc.want)
+			_, err := migrations.Status(ctx, tc.d, db, tc.o)
+			require.ErrorIs(t, err, tc.want)
+			_, err = migrations.FS(tc.d, tc.o)
+			require.ErrorIs(t, err, tc.want)
+			_, err = migrations.SQL(tc.d, tc.o, "up")
+			require.ErrorIs(t, err, tc.want)
+		})
+	}
+
+	t.Run("SchemaOnSQLite", func(t *testing.T) {
+		t.Parallel()
+		err := migrations.Up(ctx, migrations.SQLite, db, migrations.Options{Schema: "app"})
+		require.ErrorContains(t, err, "PostgreSQL only")
+	})
+
+	t.Run("MaxLengthTableAccepted", func(t *testing.T) {
+		t.Parallel()
+		_, err := migrations.FS(migrations.Postgres, migrations.Options{Table: strings.Repeat("t", 55)})
+		require.NoError(t, err)
+	})
+}
+
+func TestVersionTable(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "sqllock_locks_version", migrations.Options{}.VersionTable())
+	require.Equal(t, "myschema.sqllock_locks_version", migrations.Options{Schema: "myschema"}.VersionTable())
+	require.Equal(t, "s.t_version", migrations.Options{Schema: "s", Table: "t"}.VersionTable())
+}
+
+func TestSQL(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Postgres", func(t *testing.T) {
+		t.Parallel()
+		up, err := migrations.SQL(migrations.Postgres, migrations.Options{Schema: "app", Table: "Locks"}, "up")
+		require.NoError(t, err)
+		require.Contains(t, up, "-- ashlock postgres migration 00001_create_locks.sql (version 1), up\n")
+		require.Contains(t, up, `CREATE SCHEMA IF NOT EXISTS "app";`)
+		require.Contains(t, up, `CREATE TABLE "app"."Locks" (`)
+		require.Contains(t, up, "timestamptz")
+		require.NotContains(t, strings.ToUpper(up), "UNLOGGED")
+		requireRendered(t, up)
+
+		down, err := migrations.SQL(migrations.Postgres, migrations.Options{Schema: "app", Table: "Locks"}, "down")
+		require.NoError(t, err)
+		require.Contains(t, down, "(version 1), down\n")
+		require.Contains(t, down, `DROP TABLE "app"."Locks";`)
+		require.Contains(t, down, "DISCARDS THE TOKEN HISTORY")
+		require.NotContains(t, down, "CREATE")
+		requireRendered(t, down)
+
+		plain, err := migrations.SQL(migrations.Postgres, migrations.Options{}, "up")
+		require.NoError(t, err)
+		require.NotContains(t, plain, "SCHEMA")
+		require.Contains(t, plain, `CREATE TABLE "sqllock_locks" (`)
+	})
+
+	t.Run("SQLite", func(t *testing.T) {
+		t.Parallel()
+		up, err := migrations.SQL(migrations.SQLite, migrations.Options{}, "up")
+		require.NoError(t, err)
+		require.Contains(t, up, "-- ashlock sqlite migration 00001_create_locks.sql (version 1), up\n")
+		require.Contains(t, up, `CREATE TABLE "sqllock_locks" (`)
+		require.Contains(t, up, ") STRICT;")
+		requireRendered(t, up)
+
+		down, err := migrations.SQL(migrations.SQLite, migrations.Options{}, "down")
+		require.NoError(t, err)
+		require.Contains(t, down, `DROP TABLE "sqllock_locks";`)
+		requireRendered(t, down)
+	})
+
+	t.Run("BadDirection", func(t *testing.T) {
+		t.Parallel()
+		_, err := migrations.SQL(migrations.SQLite, migrations.Options{}, "sideways")
+		require.Error(t, err)
+	})
+}
+
+// requireRendered checks that no template or goose markers leak into SQL output.
+func requireRendered(t *testing.T, s string) {
+	t.Helper()
+	require.NotContains(t, s, "{{")
+	require.NotContains(t, s, "}}")
+	require.NotContains(t, s, "+goose")
+	require.NotContains(t, s, "<no value>")
+}
+
+// TestPostgres runs against a real server when SQLLOCK_POSTGRES_URL is set.
+// Each subtest works in its own fresh schema, dropped afterwards.
+func TestPostgres(t *testing.T) {
+	t.Parallel()
+	url := os.Getenv("SQLLOCK_POSTGRES_URL")
+	if url == "" {
+		t.Skip("SQLLOCK_POSTGRES_URL not set")
+	}
+	ctx := context.Background()
+
+	open := func(t *testing.T, searchPath string) *sql.DB {
+		t.Helper()
+		u := url
+		if searchPath != "" {
+			sep := "?"
+			if strings.Contains(u, "?") {
+				sep = "&"
+			}
+			u += sep + "search_path=" + searchPath
+		}
+		db, err := sql.Open("pgx", u)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, db.Close()) })
+		return db
+	}
+	// newSchema returns a fresh schema name (not created) and drops it after the test.
+	newSchema := func(t *testing.T, prefix string) string {
+		t.Helper()
+		name := prefix + strings.ToLower(rand.Text())
+		admin := open(t, "")
+		t.Cleanup(func() {
+			_, err := admin.Exec(`DROP SCHEMA IF EXISTS ` + pgx.Identifier{name}.Sanitize() + ` CASCADE`)
+			require.NoError(t, err)
+		})
+		return name
+	}
+	relExists := func(t *testing.T, db *sql.DB, schema, table string) bool {
+		t.Helper()
+		var ok bool
+		require.NoError(t, db.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2)`,
+			schema, table).Scan(&ok))
+		return ok
+	}
+
+	t.Run("SchemaUpTwiceStatusDown", func(t *testing.T) {
+		t.Parallel()
+		schema := newSchema(t, "t_")
+		db := open(t, "")
+		o := migrations.Options{Schema: schema}
+		require.Equal(t, schema+".sqllock_locks_version", o.VersionTable())
+
+		require.NoError(t, migrations.Up(ctx, migrations.Postgres, db, o))
+		require.NoError(t, migrations.Up(ctx, migrations.Postgres, db, o))
+		require.True(t, relExists(t, db, schema, "sqllock_locks"))
+		require.True(t, relExists(t, db, schema, "sqllock_locks_version"))
+		require.False(t, relExists(t, db, schema, goose.DefaultTablename))
+
+		var persistence string
+		require.NoError(t, db.QueryRow(`SELECT relpersistence FROM pg_class WHERE oid = $1::regclass`,
+			schema+".sqllock_locks").Scan(&persistence))
+		require.Equal(t, "p", persistence, "lock table must be LOGGED")
+		_, err := db.Exec(`INSERT INTO ` + schema + `.sqllock_locks VALUES ('k', 0, true, now(), 'o')`)
+		require.Error(t, err, "token must be positive")
+
+		st, err := migrations.Status(ctx, migrations.Postgres, db, o)
+		require.NoError(t, err)
+		require.Len(t, st, 1)
+		require.Equal(t, goose.StateApplied, st[0].State)
+
+		require.NoError(t, migrations.Down(ctx, migrations.Postgres, db, o))
+		require.False(t, relExists(t, db, schema, "sqllock_locks"))
+		require.True(t, relExists(t, db, schema, "sqllock_locks_version"))
+	})
+
+	t.Run("MixedCaseIdentifiers", func(t *testing.T) {
+		t.Parallel()
+		schema := newSchema(t, "T_")
+		db := open(t, "")
+		o := migrations.Options{Schema: schema, Table: "Locks"}
+		require.NoError(t, migrations.Up(ctx, migrations.Postgres, db, o))
+		require.NoError(t, migrations.Up(ctx, migrations.Postgres, db, o))
+		require.True(t, relExists(t, db, schema, "Locks"))
+		require.True(t, relExists(t, db, schema, "Locks_version"))
+	})
+
+	t.Run("SearchPath", func(t *testing.T) {
+		t.Parallel()
+		schema := newSchema(t, "t_")
+		_, err := open(t, "").Exec(`CREATE SCHEMA ` + schema)
+		require.NoError(t, err)
+		db := open(t, schema)
+		require.NoError(t, migrations.Up(ctx, migrations.Postgres, db, migrations.Options{}))
+		require.NoError(t, migrations.Up(ctx, migrations.Postgres, db, migrations.Options{}))
+		require.True(t, relExists(t, db, schema, "sqllock_locks"))
+		require.True(t, relExists(t, db, schema, "sqllock_locks_version"))
+	})
+
+	t.Run("ConcurrentUp", func(t *testing.T) {
+		t.Parallel()
+		schema := newSchema(t, "t_")
+		o := migrations.Options{Schema: schema}
+		const n = 4
+		dbs := make([]*sql.DB, n)
+		for i := range dbs {
+			dbs[i] = open(t, "")
+		}
+		errs := make(chan error, n)
+		for _, db := range dbs {
+			go func() { errs <- migrations.Up(ctx, migrations.Postgres, db, o) }()
+		}
+		for range n {
+			require.NoError(t, <-errs)
+		}
+		var applied int
+		require.NoError(t, dbs[0].QueryRow(`SELECT count(*) FROM `+schema+`.sqllock_locks_version WHERE version_id > 0`).Scan(&applied))
+		require.Equal(t, 1, applied)
+	})
+}
+
+func TestLockIDDistinctFromGoose(t *testing.T) {
+	t.Parallel()
+	require.NotEqual(t, lock.DefaultLockID, migrations.LockID(migrations.Options{}))
+	require.NotEqual(t, migrations.LockID(migrations.Options{}), migrations.LockID(migrations.Options{Table: "other"}))
+}
