@@ -27,12 +27,12 @@
 // database clock alone decides expiry: clocks of different hosts are never
 // compared.
 //
-//	            acquire (token+1)              release (token kept)
-//	  free ───────────────────────▶ held ─────────────────────────▶ free
-//	   ▲                           │  ▲ │
-//	   │        deadline passes    │  └─┘ renew (same token, deadline = now+TTL)
-//	   └───────────────────────────┘
-//	        (an acquire may take over an expired lease: token+1)
+//	          acquire (token+1)              release (token kept)
+//	free ───────────────────────▶ held ─────────────────────────▶ free
+//	 ▲                           │  ▲ │
+//	 │        deadline passes    │  └─┘ renew (same token, deadline = now+TTL)
+//	 └───────────────────────────┘
+//	      (an acquire may take over an expired lease: token+1)
 //
 // The client keeps its own local deadline on the monotonic clock:
 // (time just before the request was sent) + TTL - margin. The lease began at
