@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/ashlock/ashlock/internal/mutant"
 )
 
 // Guard is one held lease and its watchdog. The watchdog renews the lease
@@ -48,6 +50,9 @@ type Guard struct {
 var errRenewTooLate = errors.New("sqllock: renewal succeeded after the local deadline")
 
 func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s settings) (*Guard, error) {
+	if mutant.On(mutant.DeadlineFromReply) {
+		sent, l.LocalDeadline = time.Now(), time.Time{}
+	}
 	local := earliest(l.LocalDeadline, sent.Add(s.ttl)).Add(-s.margin)
 	if !time.Now().Before(local) {
 		// The reply came too late to use the lease safely.
@@ -156,6 +161,9 @@ func (g *Guard) renew(ctx context.Context) (Lease, error) {
 	defer cancel()
 	sent := time.Now()
 	l, err := g.c.b.TryRenew(rctx, lease, g.s.ttl)
+	if mutant.On(mutant.DeadlineFromReply) {
+		sent, l.LocalDeadline = time.Now(), time.Time{}
+	}
 
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -246,6 +254,8 @@ func (g *Guard) watchdog(sent time.Time) {
 		case err == nil:
 			attempt = 0
 			t.Reset(time.Until(sent.Add(g.s.interval)))
+		case errors.Is(err, ErrLeaseLost) && mutant.On(mutant.GuardIgnoresLoss):
+			t.Reset(g.s.interval)
 		case errors.Is(err, ErrLeaseLost):
 			g.lose(err)
 		case errors.Is(err, errRenewTooLate), errors.Is(err, ErrReleased):
