@@ -1,0 +1,5 @@
+package sqlite
+
+const helperEnv = "ASHLOCK_SQLITE_HELPER"
+
+func helperMain() int { return 0 }

@@ -1,0 +1,162 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	msqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+var (
+	errClosed = fmt.Errorf("sqlite: backend closed: %w", sqllock.ErrClosed)
+
+	// errRetry asks retry to run an attempt again at once: the row moved
+	// between two statements of one operation.
+	errRetry = errors.New("sqlite: row changed between statements")
+)
+
+// busyError is the error after the retry budget or the caller's context
+// ran out while the database stayed busy. It matches
+// [sqllock.ErrUnavailable] and, when the context ended, the context's error.
+type busyError struct {
+	attempts int
+	waited   time.Duration
+	last     error // the driver's last error
+	ctxErr   error
+}
+
+func (e *busyError) Error() string {
+	s := fmt.Sprintf("sqlite: database busy: %d attempts in %v, not applied", e.attempts, e.waited.Round(time.Millisecond))
+	if e.ctxErr != nil {
+		s += " (" + e.ctxErr.Error() + ")"
+	}
+	return s + ": " + e.last.Error()
+}
+
+func (e *busyError) Is(target error) bool { return target == sqllock.ErrUnavailable }
+
+func (e *busyError) Unwrap() error { return e.ctxErr }
+
+// write runs op, one attempt of an operation that writes, holding the
+// Backend's write slot, retrying while the database is busy.
+func (b *Backend) write(ctx context.Context, op func(context.Context) error) error {
+	if b.closed.Load() {
+		return errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case b.writeSlot <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-b.writeSlot }()
+	return b.retry(ctx, op)
+}
+
+// read runs op, a read-only attempt, retrying while the database is busy.
+func (b *Backend) read(ctx context.Context, op func(context.Context) error) error {
+	if b.closed.Load() {
+		return errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return b.retry(ctx, op)
+}
+
+// maxRowChanges bounds the errRetry loop; the row cannot keep moving back.
+const maxRowChanges = 10
+
+// retry runs op until it returns something other than a busy error, for
+// at most b.retryTimeout, sleeping with full jitter in between. op runs under
+// a context that is never cancelled, so a statement is never interrupted
+// half way and its outcome is always known (see the package doc); ctx is
+// checked between attempts.
+func (b *Backend) retry(ctx context.Context, op func(context.Context) error) error {
+	opCtx := context.WithoutCancel(ctx)
+	start := time.Now()
+	changes := 0
+	for attempt := 1; ; attempt++ {
+		err := op(opCtx)
+		if errors.Is(err, errRetry) && changes < maxRowChanges {
+			changes++
+			continue
+		}
+		if err == nil || !isBusy(err) {
+			return err
+		}
+		b.busyRetries.Add(1)
+		waited := time.Since(start)
+		if waited >= b.retryTimeout {
+			return &busyError{attempts: attempt, waited: waited, last: err}
+		}
+		// Full jitter over an exponential cap: 1, 2, 4 ... 32 ms.
+		limit := time.Millisecond << min(attempt-1, 5)
+		t := time.NewTimer(rand.N(limit) + 100*time.Microsecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return &busyError{attempts: attempt, waited: time.Since(start), last: err, ctxErr: ctx.Err()}
+		}
+	}
+}
+
+// code returns the primary SQLite result code of err, or 0.
+func code(err error) int {
+	var se *msqlite.Error
+	if errors.As(err, &se) {
+		return se.Code() & 0xff
+	}
+	return 0
+}
+
+// isBusy reports whether err means "the database is locked by another
+// connection; nothing was applied": SQLITE_BUSY (including BUSY_SNAPSHOT,
+// BUSY_RECOVERY, BUSY_TIMEOUT) or SQLITE_LOCKED.
+func isBusy(err error) bool {
+	switch code(err) {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return true
+	}
+	return false
+}
+
+// translate maps a driver error to ashlock's errors, once, at the backend
+// boundary. write says whether the failed operation writes.
+func (b *Backend) translate(err error, write bool) error {
+	if err == nil {
+		return nil
+	}
+	var be *busyError
+	if errors.As(err, &be) || errors.Is(err, sqllock.ErrClosed) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if err.Error() == "sql: database is closed" {
+		return errClosed
+	}
+	c := code(err)
+	switch {
+	case c == sqlite3.SQLITE_ERROR && strings.Contains(err.Error(), "no such table"):
+		return fmt.Errorf("%w: table %q: %v", sqllock.ErrSchemaMissing, b.table, err)
+	case c == sqlite3.SQLITE_IOERR && write:
+		// A failed fsync at commit may leave a complete commit record in
+		// the WAL, which recovery would apply: the outcome is unknown.
+		return fmt.Errorf("%w: I/O error during a write: %v", sqllock.ErrIndeterminate, err)
+	case c == sqlite3.SQLITE_IOERR, c == sqlite3.SQLITE_FULL, c == sqlite3.SQLITE_READONLY,
+		c == sqlite3.SQLITE_CANTOPEN, c == sqlite3.SQLITE_NOMEM, c == sqlite3.SQLITE_PROTOCOL,
+		c == sqlite3.SQLITE_INTERRUPT:
+		return fmt.Errorf("%w: %v", sqllock.ErrUnavailable, err)
+	}
+	return fmt.Errorf("sqlite: %w", err)
+}

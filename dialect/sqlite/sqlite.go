@@ -1,0 +1,660 @@
+// Package sqlite is ashlock's SQLite backend: leases and fencing tokens in a
+// table of a SQLite database file, safe across the processes of one host
+// (SQLite's file locks are the arbiter), on modernc.org/sqlite (pure Go, no
+// cgo).
+//
+// [Open] opens a file that the backend owns: it builds the DSN (see [DSN]),
+// applies the library's migrations, and closes the database in [Backend.Close].
+// [New] wraps an application's own *sql.DB, which it never closes; the
+// application then applies the migrations (package migrations, or `sqllock
+// migrate up`) and should build its DSN with [DSN] so that every pooled
+// connection has the pragmas below.
+//
+// # Time
+//
+// SQLite computes every deadline itself, as integer Unix milliseconds from
+// the wall clock of the host (all processes on one host share it). TTLs are
+// rounded up to whole milliseconds.
+//
+// # Statements
+//
+// TryAcquire and TryRenew are one statement each, also when they fail: a
+// refused attempt returns the current row (holder, token, remaining time or
+// the reason of the loss) from the same statement and writes nothing.
+// Release is one statement unless the lease was already released or
+// superseded; then a read follows to tell which. See queries.go.
+//
+// # Busy database
+//
+// SQLite's busy handler is not fair: a process sleeping in it can lose the
+// write lock to the same other process again and again. So each connection
+// has a short busy_timeout ([Options.BusyTimeout], 10 ms by default) and the
+// backend retries SQLITE_BUSY and SQLITE_LOCKED itself, with jittered
+// exponential sleeps, for up to [Options.RetryTimeout] or until the caller's
+// context ends, whichever is first; then it returns an error matching
+// [sqllock.ErrUnavailable]. A raw SQLITE_BUSY never reaches the caller. The
+// backend sends at most one write at a time per process (a semaphore), so
+// its own goroutines queue in Go, first come first served, instead of
+// fighting in SQLite's busy handler.
+//
+// # Outcomes are never indeterminate, except after an I/O error
+//
+// A statement in flight is never interrupted: the caller's context is
+// checked before each attempt and during the sleeps between attempts, while
+// the statement itself runs under [context.WithoutCancel] (it lasts at most
+// the busy timeout plus one commit). The backend reads the statement to its
+// end, so its autocommit transaction has committed when the reply is read.
+// Hence an error means the statement did not apply (SQLite rolled it back),
+// and a cancelled context yields "not applied" rather than
+// [sqllock.ErrIndeterminate]. The exception is an I/O error (SQLITE_IOERR,
+// for example a failed fsync at commit): the commit record may have reached
+// the WAL file and be recovered later, so a write that ends in an I/O error
+// is reported as [sqllock.ErrIndeterminate].
+//
+// # Watcher
+//
+// SQLite cannot notify other processes, so waiters in other processes poll.
+// [Backend.Watch] wakes waiters of this process when a release made through
+// the same Backend clears a lease: cheap, and the common case of several
+// goroutines of one program waiting for each other.
+package sqlite
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+
+	"github.com/ashlock/ashlock/internal/sqlident"
+	"github.com/ashlock/ashlock/migrations"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// Synchronous is SQLite's synchronous pragma for the database file, which
+// decides how durable a grant is.
+type Synchronous string
+
+const (
+	// SynchronousFull fsyncs the write-ahead log at every commit: a grant
+	// that was reported survives a power cut. It costs one fsync per
+	// acquire, renew and release (BENCH.md: ~2k acquire+release pairs/s).
+	SynchronousFull Synchronous = "FULL"
+
+	// SynchronousNormal fsyncs only at checkpoints. In WAL mode this is
+	// safe against a crash of the process but not of the machine: a power
+	// cut can lose the last commits, so a grant can be lost after it was
+	// reported, and the same token can then be handed out twice; a fenced
+	// resource would see two holders with one token. About 4× faster than
+	// FULL. Choose it only when the lock table dies with the machine
+	// anyway (a tmpfs) or duplicate tokens after a power cut are
+	// acceptable.
+	SynchronousNormal Synchronous = "NORMAL"
+)
+
+// Defaults for the zero [Options].
+const (
+	DefaultBusyTimeout  = 10 * time.Millisecond
+	DefaultRetryTimeout = 2 * time.Second
+)
+
+// Options configure a [Backend]. The zero value means the defaults.
+type Options struct {
+	// Table is the lock table's name, a plain identifier (letters, digits,
+	// underscore); empty means migrations.DefaultTable ("sqllock_locks").
+	Table string
+
+	// Synchronous is the synchronous pragma for [Open] and [DSN]; empty
+	// means [SynchronousFull]. See [SynchronousNormal] for the trade-off.
+	// [New] refuses it: set it in your own DSN.
+	Synchronous Synchronous
+
+	// BusyTimeout is SQLite's busy_timeout for [Open] and [DSN]: how long
+	// one statement waits in SQLite's (unfair) busy handler before the
+	// backend's own retry takes over. Zero means [DefaultBusyTimeout];
+	// keep it short. [New] refuses it: set it in your own DSN.
+	BusyTimeout time.Duration
+
+	// RetryTimeout bounds how long one operation retries a busy database
+	// (SQLITE_BUSY, SQLITE_LOCKED) before it returns an error matching
+	// [sqllock.ErrUnavailable]; the caller's context can end it earlier.
+	// Zero means [DefaultRetryTimeout]; negative means no retry.
+	RetryTimeout time.Duration
+}
+
+// ErrInMemory is returned by [Open], [DSN] and [New] for an in-memory
+// database (":memory:", "file::memory:", mode=memory, an empty path). Each
+// pooled connection to ":memory:" sees its own empty database, and any
+// in-memory database loses its token history when its last connection
+// closes, after which tokens restart at 1 and fencing breaks. Use a file, or
+// package memory for a lock within one process.
+var ErrInMemory = errors.New("sqlite: in-memory database refused (use a file, or package memory)")
+
+// Backend is the SQLite [sqllock.Backend]. It is safe for concurrent use.
+type Backend struct {
+	db    *sql.DB
+	owned bool
+	table string // unquoted, for messages
+
+	q struct {
+		acquire, renew, release, peek, list, listFrom string
+	}
+
+	retryTimeout time.Duration
+	writeSlot    chan struct{} // one write statement at a time per Backend
+
+	stmtMu sync.Mutex
+	stmts  map[string]*sql.Stmt // prepared lazily (the table may not exist yet)
+
+	closed      atomic.Bool
+	busyRetries atomic.Uint64
+
+	watchMu  sync.Mutex
+	watchers map[string]map[chan struct{}]struct{}
+}
+
+var (
+	_ sqllock.Backend = (*Backend)(nil)
+	_ sqllock.Watcher = (*Backend)(nil)
+)
+
+// options returns o with defaults filled in, validated.
+func (o Options) resolve() (Options, error) {
+	o.Table = cmp.Or(o.Table, migrations.DefaultTable)
+	if err := sqlident.Validate(o.Table); err != nil {
+		return o, fmt.Errorf("sqlite: Options.Table: %w", err)
+	}
+	switch strings.ToUpper(string(o.Synchronous)) {
+	case "":
+		o.Synchronous = SynchronousFull
+	case string(SynchronousFull), string(SynchronousNormal):
+		o.Synchronous = Synchronous(strings.ToUpper(string(o.Synchronous)))
+	default:
+		return o, fmt.Errorf("sqlite: Options.Synchronous %q: want %q or %q", o.Synchronous, SynchronousFull, SynchronousNormal)
+	}
+	switch {
+	case o.BusyTimeout == 0:
+		o.BusyTimeout = DefaultBusyTimeout
+	case o.BusyTimeout < time.Millisecond || o.BusyTimeout > time.Minute:
+		return o, fmt.Errorf("sqlite: Options.BusyTimeout %v: want 1ms to 1m", o.BusyTimeout)
+	}
+	switch {
+	case o.RetryTimeout == 0:
+		o.RetryTimeout = DefaultRetryTimeout
+	case o.RetryTimeout < 0:
+		o.RetryTimeout = 0
+	}
+	return o, nil
+}
+
+// DSN returns the modernc.org/sqlite data source name [Open] uses for the
+// database file at path, for applications that open the *sql.DB themselves
+// and pass it to [New]. The pragmas are DSN parameters, so that every
+// connection of the pool gets them (a db.Exec("PRAGMA ...") reaches one
+// connection only):
+//
+//	_pragma=busy_timeout(N)    Options.BusyTimeout, in ms
+//	_pragma=journal_mode(WAL)  readers never block the writer
+//	_pragma=synchronous(X)     Options.Synchronous
+//	_pragma=foreign_keys(1)    harmless here, expected by applications
+//	_txlock=immediate          BEGIN takes the write lock at once, so a
+//	                           read-then-write transaction cannot fail with
+//	                           SQLITE_BUSY_SNAPSHOT (the backend itself uses
+//	                           single statements)
+//
+// path is a file name, not a URI: a "file:" URI, an empty path and
+// ":memory:" are refused (the latter two with [ErrInMemory]), and so is a
+// '?' in the path, which the driver would take for the start of the query.
+func DSN(path string, opts Options) (string, error) {
+	o, err := opts.resolve()
+	if err != nil {
+		return "", err
+	}
+	return dsn(path, o)
+}
+
+func dsn(path string, o Options) (string, error) {
+	switch {
+	case path == "", path == ":memory:",
+		strings.HasPrefix(path, "file:") && (strings.Contains(path, ":memory:") || strings.Contains(path, "mode=memory")):
+		return "", fmt.Errorf("%w: %q", ErrInMemory, path)
+	case strings.HasPrefix(path, "file:"):
+		return "", fmt.Errorf("sqlite: %q: want a file path, not a URI (or open it yourself and use New)", path)
+	case strings.ContainsAny(path, "?\x00"):
+		return "", fmt.Errorf("sqlite: %q: a path with '?' or NUL is not supported", path)
+	}
+	ms := (o.BusyTimeout + time.Millisecond - 1) / time.Millisecond
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout("+strconv.FormatInt(int64(ms), 10)+")")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous("+string(o.Synchronous)+")")
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Set("_txlock", "immediate")
+	return path + "?" + q.Encode(), nil
+}
+
+// Open opens (creating it if needed) the SQLite database file at path,
+// applies the library's migrations, and returns a Backend that owns the
+// database: [Backend.Close] closes it. The pool has a single connection, so
+// the process holds one SQLite connection to the file. See [DSN] for the
+// pragmas and the paths refused.
+func Open(path string, opts Options) (*Backend, error) {
+	o, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	name, err := dsn(path, o)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", name)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %q: %w", path, err)
+	}
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	db.SetConnMaxIdleTime(0)
+	b := newBackend(db, o, true)
+
+	// Several processes may open a new file at once: the migration is
+	// retried while the database is busy (and migrations.Up reports
+	// success to the loser of a race once everything is applied).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = b.retry(ctx, func(ctx context.Context) error {
+		return migrations.Up(ctx, migrations.SQLite, db, migrations.Options{Table: o.Table})
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlite: migrate %q: %w", path, b.translate(err, false))
+	}
+	return b, nil
+}
+
+// New returns a Backend on an application's database handle, which it never
+// closes. It applies no migrations: create the table first (package
+// migrations or `sqllock migrate up`); until then operations fail with
+// [sqllock.ErrSchemaMissing]. Options.Synchronous and Options.BusyTimeout
+// are connection settings and are refused here: build the handle's DSN with
+// [DSN]. An in-memory database is refused with [ErrInMemory]; New reads
+// PRAGMA database_list to tell.
+//
+// The Backend sends one write at a time, whatever the pool size; for the
+// fairness described in the package doc, prefer a small pool and short
+// busy_timeout.
+func New(db *sql.DB, opts Options) (*Backend, error) {
+	if db == nil {
+		return nil, errors.New("sqlite: New: nil *sql.DB")
+	}
+	if opts.Synchronous != "" || opts.BusyTimeout != 0 {
+		return nil, errors.New("sqlite: New: Options.Synchronous and Options.BusyTimeout are DSN settings; build your DSN with sqlite.DSN")
+	}
+	o, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	b := newBackend(db, o, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var file string
+	err = b.retry(ctx, func(ctx context.Context) error {
+		return db.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: New: %w", b.translate(err, false))
+	}
+	if file == "" {
+		return nil, fmt.Errorf("%w: the handle's main database has no file", ErrInMemory)
+	}
+	return b, nil
+}
+
+func newBackend(db *sql.DB, o Options, owned bool) *Backend {
+	b := &Backend{
+		db:           db,
+		owned:        owned,
+		table:        o.Table,
+		retryTimeout: o.RetryTimeout,
+		writeSlot:    make(chan struct{}, 1),
+		stmts:        make(map[string]*sql.Stmt),
+		watchers:     make(map[string]map[chan struct{}]struct{}),
+	}
+	t := sqlident.QuoteSQLite(o.Table)
+	b.q.acquire = render(queryAcquire, t)
+	b.q.renew = render(queryRenew, t)
+	b.q.release = render(queryRelease, t)
+	b.q.peek = render(queryPeek, t)
+	b.q.list = render(queryList, t)
+	b.q.listFrom = render(queryListFrom, t)
+	return b
+}
+
+// Close releases the prepared statements and, for a Backend from [Open],
+// closes the database. Later calls fail with [sqllock.ErrClosed]. Close
+// does not release leases; they expire.
+func (b *Backend) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	b.stmtMu.Lock()
+	var errs []error
+	for _, s := range b.stmts {
+		errs = append(errs, s.Close())
+	}
+	clear(b.stmts)
+	b.stmtMu.Unlock()
+	if b.owned {
+		errs = append(errs, b.db.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Stats are counters for tests and monitoring.
+type Stats struct {
+	// BusyRetries counts statements that found the database busy
+	// (SQLITE_BUSY or SQLITE_LOCKED after the busy timeout) and were
+	// retried or given up on.
+	BusyRetries uint64
+}
+
+// Stats returns the backend's counters.
+func (b *Backend) Stats() Stats { return Stats{BusyRetries: b.busyRetries.Load()} }
+
+// ttlMillis rounds ttl up to whole milliseconds, so that a lease never ends
+// at the database before the holder's local deadline.
+func ttlMillis(ttl time.Duration) int64 {
+	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
+}
+
+// TryAcquire implements [sqllock.Backend] with one statement (queryAcquire).
+func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return sqllock.Lease{}, err
+	}
+	var (
+		sent                 time.Time
+		token, deadline, now int64
+		held                 bool
+		owner                string
+	)
+	err := b.write(ctx, func(ctx context.Context) error {
+		sent = time.Now()
+		_, err := b.queryRow(ctx, b.q.acquire, []any{req.Key, ttlMillis(req.TTL), req.Owner},
+			&token, &held, &deadline, &owner, &now)
+		return err
+	})
+	if err != nil {
+		return sqllock.Lease{}, b.translate(err, true)
+	}
+	switch {
+	case held && deadline > now && owner == req.Owner:
+		return sqllock.Lease{
+			Key:           req.Key,
+			Token:         token,
+			Owner:         owner,
+			Deadline:      time.UnixMilli(deadline),
+			BackendTime:   time.UnixMilli(now),
+			LocalDeadline: sent.Add(req.TTL),
+		}, nil
+	case held && deadline > now:
+		return sqllock.Lease{}, &sqllock.HeldError{
+			Key: req.Key, Owner: owner, Token: token,
+			Remaining: time.Duration(deadline-now) * time.Millisecond,
+		}
+	case token == math.MaxInt64:
+		return sqllock.Lease{}, fmt.Errorf("%w: key %q", sqllock.ErrTokenExhausted, req.Key)
+	default:
+		return sqllock.Lease{}, fmt.Errorf("sqlite: TryAcquire %q: unexpected row (token %d, held %v, deadline %d, now %d)",
+			req.Key, token, held, deadline, now)
+	}
+}
+
+// TryRenew implements [sqllock.Backend] with one statement (queryRenew).
+func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := sqllock.ValidateTTL(ttl); err != nil {
+		return sqllock.Lease{}, err
+	}
+	var (
+		sent                 time.Time
+		found, held          bool
+		token, deadline, now int64
+	)
+	err := b.write(ctx, func(ctx context.Context) (err error) {
+		sent = time.Now()
+		found, err = b.queryRow(ctx, b.q.renew, []any{l.Key, l.Token, ttlMillis(ttl)},
+			&token, &held, &deadline, &now)
+		return err
+	})
+	if err != nil {
+		return sqllock.Lease{}, b.translate(err, true)
+	}
+	if found && token == l.Token && held && deadline > now {
+		l.Deadline = time.UnixMilli(deadline)
+		l.BackendTime = time.UnixMilli(now)
+		l.LocalDeadline = sent.Add(ttl)
+		return l, nil
+	}
+	return sqllock.Lease{}, lostError(l, found, token, held, deadline, now)
+}
+
+// lostError says why lease l is not valid, given the key's row (found,
+// token, held, deadline) at now. It matches the memory backend.
+func lostError(l sqllock.Lease, found bool, token int64, held bool, deadline, now int64) *sqllock.LostError {
+	e := &sqllock.LostError{Key: l.Key, Token: l.Token}
+	switch {
+	case !found || l.Token > token:
+		e.Reason = sqllock.LostReleased // never granted here
+	case l.Token < token:
+		e.Reason, e.Current = sqllock.LostTaken, token
+	case !held:
+		e.Reason = sqllock.LostReleased
+	case deadline <= now:
+		e.Reason = sqllock.LostExpired
+	default:
+		return nil
+	}
+	return e
+}
+
+// Release implements [sqllock.Backend]: one statement (queryRelease) when the
+// lease was held, clean or expired; when it cleared nothing, one read more
+// (queryPeek) tells "released twice" (nil) from a newer token or an unknown
+// one (a [*sqllock.LostError]).
+func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return err
+	}
+	var result error
+	cleared := false
+	err := b.write(ctx, func(ctx context.Context) error {
+		var deadline, now int64
+		found, err := b.queryRow(ctx, b.q.release, []any{l.Key, l.Token}, &deadline, &now)
+		if err != nil {
+			return err
+		}
+		if found {
+			cleared = true
+			if deadline <= now {
+				result = &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
+			}
+			return nil
+		}
+		// Nothing cleared. The row can only have moved forward since
+		// (tokens only grow), so this read describes a state at least as
+		// new as the one the UPDATE saw.
+		var (
+			token int64
+			held  bool
+			owner string
+		)
+		found, err = b.queryRow(ctx, b.q.peek, []any{l.Key}, &token, &held, &deadline, &owner, &now)
+		if err != nil {
+			return err
+		}
+		if found && token == l.Token && !held {
+			return nil // released twice
+		}
+		if lost := lostError(l, found, token, held, deadline, now); lost != nil {
+			result = lost
+			return nil
+		}
+		// Held with l's token, so it was re-granted to its owner (a
+		// retried acquire) between the two statements: try again.
+		return errRetry
+	})
+	if cleared {
+		b.signal(l.Key)
+	}
+	if err != nil {
+		return b.translate(err, true)
+	}
+	return result
+}
+
+// List implements [sqllock.Backend] with one read (an index range on the
+// key, no LIKE).
+func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
+	if err := sqllock.ValidatePrefix(prefix); err != nil {
+		return nil, err
+	}
+	query, args := b.q.listFrom, []any{prefix}
+	if end, ok := prefixEnd(prefix); ok {
+		query, args = b.q.list, []any{prefix, end}
+	}
+	var out []sqllock.LockInfo
+	err := b.read(ctx, func(ctx context.Context) error {
+		out = out[:0]
+		stmt, err := b.stmt(ctx, query)
+		if err != nil {
+			return err
+		}
+		rows, err := stmt.QueryContext(ctx, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				i             sqllock.LockInfo
+				deadline, now int64
+			)
+			if err := rows.Scan(&i.Key, &i.Token, &i.Owner, &i.Held, &deadline, &now); err != nil {
+				return err
+			}
+			i.Deadline = time.UnixMilli(deadline)
+			if i.Held {
+				i.Remaining = time.Duration(deadline-now) * time.Millisecond
+			}
+			out = append(out, i)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return rows.Close()
+	})
+	if err != nil {
+		return nil, b.translate(err, false)
+	}
+	return out, nil
+}
+
+// queryRow runs a statement that returns at most one row, scans it into
+// dest, and reads on to the end: for an autocommit write with RETURNING,
+// the step after the last row is the one that commits, so an error there
+// is seen here and not lost in Close.
+func (b *Backend) queryRow(ctx context.Context, query string, args []any, dest ...any) (found bool, err error) {
+	stmt, err := b.stmt(ctx, query)
+	if err != nil {
+		return false, err
+	}
+	rows, err := stmt.QueryContext(ctx, args...)
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if found {
+			return true, fmt.Errorf("sqlite: more than one row from %q", query)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return false, err
+		}
+		found = true
+	}
+	if err := rows.Err(); err != nil {
+		return false, err
+	}
+	return found, rows.Close()
+}
+
+// stmt returns query prepared on b.db. Statements are prepared on first use,
+// not in New, because the application may create the table later; a failed
+// prepare is not cached.
+func (b *Backend) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	b.stmtMu.Lock()
+	defer b.stmtMu.Unlock()
+	if b.closed.Load() {
+		return nil, errClosed
+	}
+	if s := b.stmts[query]; s != nil {
+		return s, nil
+	}
+	s, err := b.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	b.stmts[query] = s
+	return s, nil
+}
+
+// Watch implements [sqllock.Watcher] for releases made through this Backend
+// (other processes are not seen; their waiters poll).
+func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	b.watchMu.Lock()
+	set := b.watchers[key]
+	if set == nil {
+		set = make(map[chan struct{}]struct{})
+		b.watchers[key] = set
+	}
+	set[ch] = struct{}{}
+	b.watchMu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			b.watchMu.Lock()
+			defer b.watchMu.Unlock()
+			if set := b.watchers[key]; set != nil {
+				delete(set, ch)
+				if len(set) == 0 {
+					delete(b.watchers, key)
+				}
+			}
+		})
+	}
+}
+
+// signal wakes the watchers of key (coalesced: at most one pending value).
+func (b *Backend) signal(key string) {
+	b.watchMu.Lock()
+	defer b.watchMu.Unlock()
+	for ch := range b.watchers[key] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
