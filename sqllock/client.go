@@ -20,6 +20,8 @@ type Client struct {
 	owner string
 	seq   atomic.Uint64
 
+	closing chan struct{} // closed by Close: wakes waiting Acquires
+
 	mu     sync.Mutex // guards closed and guards
 	closed bool
 	guards map[*Guard]struct{}
@@ -56,7 +58,11 @@ func New(b Backend, opts Options) (*Client, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Client{b: b, opts: opts, log: log, owner: opts.Owner, guards: make(map[*Guard]struct{})}, nil
+	return &Client{
+		b: b, opts: opts, log: log, owner: opts.Owner,
+		closing: make(chan struct{}),
+		guards:  make(map[*Guard]struct{}),
+	}, nil
 }
 
 // Owner returns the client's owner name; each lease's owner is this name
@@ -165,6 +171,8 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 		select {
 		case <-wctx.Done():
 			return nil, c.waitEnded(ctx, wctx, req, err)
+		case <-c.closing:
+			return nil, ErrClosed
 		case <-timer.C:
 		case <-wake:
 			timer.Stop() // since Go 1.23 a stopped timer delivers no stale tick
@@ -267,6 +275,7 @@ func (c *Client) Close(ctx context.Context) error {
 		return nil
 	}
 	c.closed = true
+	close(c.closing)
 	guards := make([]*Guard, 0, len(c.guards))
 	for g := range c.guards {
 		guards = append(guards, g)

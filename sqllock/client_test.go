@@ -599,6 +599,23 @@ func TestCloseReleasesGuards(t *testing.T) {
 	})
 }
 
+func TestCloseWakesWaiters(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{Backoff: func(int) time.Duration { return time.Hour }})
+		_, err := tb.mem.TryAcquire(t.Context(), sqllock.AcquireRequest{Key: "k", TTL: time.Hour, Owner: "other"})
+		require.NoError(t, err)
+		errc := make(chan error)
+		go func() {
+			_, err := tb.client.Acquire(t.Context(), "k", nil)
+			errc <- err
+		}()
+		time.Sleep(time.Second)
+		require.NoError(t, tb.client.Close(t.Context()))
+		require.ErrorIs(t, <-errc, sqllock.ErrClosed)
+	})
+}
+
 func TestManualRenew(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {

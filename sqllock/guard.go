@@ -56,7 +56,9 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 	local := earliest(l.LocalDeadline, sent.Add(s.ttl)).Add(-s.margin)
 	if !time.Now().Before(local) {
 		// The reply came too late to use the lease safely.
-		c.releaseQuietly(context.WithoutCancel(parent), l)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(parent), c.opts.ReleaseTimeout)
+		defer cancel()
+		c.releaseQuietly(rctx, l)
 		return nil, &LostError{Key: l.Key, Token: l.Token, Reason: LostExpired,
 			Err: errors.New("the acquire reply arrived after the local deadline")}
 	}
