@@ -110,7 +110,9 @@ LEFT JOIN cur AS c ON true`
 // releaseNotifySQL is the same statement plus a pg_notify of the key on the
 // table's channel when (and only when) a row was released; the notification
 // is delivered when the statement commits. The "notify" CTE is a SELECT, so
-// it runs only because the final SELECT reads it.
+// it runs only because the final SELECT reads it, in an output column (a
+// LEFT JOIN that reads none of its columns would be removed by the planner,
+// and the notification with it). Both return the same columns.
 const releaseSQL = `
 WITH now AS MATERIALIZED (
     SELECT clock_timestamp() AS now
@@ -128,7 +130,8 @@ SELECT u.valid IS NOT NULL AS released,
        coalesce(c.token, 0) AS token,
        coalesce(c.held, false) AS held,
        coalesce(c.deadline, n.now) AS deadline,
-       n.now
+       n.now,
+       0::bigint AS notified
 FROM now AS n
 LEFT JOIN upd AS u ON true
 LEFT JOIN cur AS c ON true`
@@ -152,11 +155,11 @@ SELECT u.valid IS NOT NULL AS released,
        coalesce(c.token, 0) AS token,
        coalesce(c.held, false) AS held,
        coalesce(c.deadline, n.now) AS deadline,
-       n.now
+       n.now,
+       (SELECT count(*) FROM notify) AS notified
 FROM now AS n
 LEFT JOIN upd AS u ON true
-LEFT JOIN cur AS c ON true
-LEFT JOIN (SELECT count(*) AS sent FROM notify) AS s ON true`
+LEFT JOIN cur AS c ON true`
 
 // listSQL lists the keys that start with $1 (compared as text, so "%" and
 // "_" are literal), in byte order (COLLATE "C", the order of Go strings).

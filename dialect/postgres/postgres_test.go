@@ -1,0 +1,272 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+func acquireOK(t *testing.T, b *Backend, key, owner string, ttl time.Duration) sqllock.Lease {
+	t.Helper()
+	l, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: key, TTL: ttl, Owner: owner})
+	require.NoError(t, err)
+	return l
+}
+
+// expire sets key's deadline into the past by the database clock.
+func expire(t *testing.T, b *Backend, key string) {
+	t.Helper()
+	_, err := b.pool.Exec(testCtx(t), "UPDATE "+b.table+" SET deadline = clock_timestamp() - interval '1 millisecond' WHERE key = $1", key)
+	require.NoError(t, err)
+}
+
+func TestNew(t *testing.T) {
+	t.Parallel()
+
+	for _, opts := range []Options{
+		{Table: "bad-name"},
+		{Table: `x"; DROP TABLE y; --`},
+		{Schema: "1abc"},
+		{Table: strings.Repeat("t", 64)},
+	} {
+		_, err := New(&pgxpool.Pool{}, opts)
+		require.Error(t, err, "%+v", opts)
+	}
+	_, err := New(nil, Options{})
+	require.Error(t, err)
+
+	b, err := New(&pgxpool.Pool{}, Options{Schema: "Mixed", Table: "select"})
+	require.NoError(t, err)
+	require.Equal(t, `"Mixed"."select"`, b.table)
+	require.Equal(t, "sqllock.Mixed.select", b.channel)
+	require.Contains(t, b.acquireSQL, `INSERT INTO "Mixed"."select"`)
+
+	long := strings.Repeat("s", 63)
+	require.LessOrEqual(t, len(channelName(long, long)), 63)
+	require.NotEqual(t, channelName(long, long), channelName(long, long[1:]))
+}
+
+func TestMicrosRoundsUp(t *testing.T) {
+	t.Parallel()
+	require.EqualValues(t, 1000, micros(time.Millisecond))
+	require.EqualValues(t, 1001, micros(time.Millisecond+time.Nanosecond))
+	require.EqualValues(t, 1, micros(time.Nanosecond))
+	require.EqualValues(t, 86_400_000_000, micros(24*time.Hour))
+}
+
+// TestOptionsSchemaAndTable runs the basic cycle on a non-default schema and
+// table whose names need quoting (mixed case, a keyword).
+func TestOptionsSchemaAndTable(t *testing.T) {
+	t.Parallel()
+	bundle := newBundle(t, Options{Schema: "Lock_Schema", Table: "select"})
+	b := bundle.backend
+	l := acquireOK(t, b, "k", "o1", time.Minute)
+	_, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o2"})
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+	ch, stop := b.Watch("k")
+	defer stop()
+	<-ch // the listener is listening
+	require.NoError(t, b.Release(testCtx(t), l))
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notification on a quoted schema and table")
+	}
+	infos, err := b.List(testCtx(t), "")
+	require.NoError(t, err)
+	require.Len(t, infos, 1)
+}
+
+// TestDeadlinesAreDatabaseTime checks that the deadline is the database's
+// now + TTL rounded up to microseconds, and that the same-owner retry
+// extends it without a new token.
+func TestDeadlinesAreDatabaseTime(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	ttl := 1500*time.Millisecond + 1 // rounds up to 1500001µs
+	l := acquireOK(t, b, "k", "o1", ttl)
+	require.Equal(t, 1500001*time.Microsecond, l.Deadline.Sub(l.BackendTime))
+	var dbDeadline time.Time
+	require.NoError(t, b.pool.QueryRow(testCtx(t), "SELECT deadline FROM "+b.table+" WHERE key = 'k'").Scan(&dbDeadline))
+	require.True(t, dbDeadline.Equal(l.Deadline), "%v != %v", dbDeadline, l.Deadline)
+
+	again := acquireOK(t, b, "k", "o1", time.Minute)
+	require.Equal(t, l.Token, again.Token)
+	require.Equal(t, time.Minute, again.Deadline.Sub(again.BackendTime))
+}
+
+// countingTracer counts the statements a pool sends and the statements it
+// prepares (a prepare is an extra round trip).
+type countingTracer struct {
+	queries, prepares atomic.Int64
+}
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.queries.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *countingTracer) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
+	c.prepares.Add(1)
+	return ctx
+}
+func (c *countingTracer) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
+
+// TestOneRoundTripPerOperation counts, with a tracer on a one-connection
+// pool, the statements each operation sends once its statements are
+// cached: exactly one, with no prepare, in every outcome.
+func TestOneRoundTripPerOperation(t *testing.T) {
+	t.Parallel()
+	bundle := newBundle(t, Options{})
+	cfg, err := pgxpool.ParseConfig(bundle.db.URL)
+	require.NoError(t, err)
+	tracer := &countingTracer{}
+	cfg.ConnConfig.Tracer = tracer
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b, err := New(pool, Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Close() })
+	ctx := testCtx(t)
+
+	ops := []struct {
+		name string
+		fn   func() error
+	}{}
+	var l, stale sqllock.Lease
+	add := func(name string, fn func() error) {
+		ops = append(ops, struct {
+			name string
+			fn   func() error
+		}{name, fn})
+	}
+	add("AcquireFree", func() (err error) {
+		l, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o1"})
+		return
+	})
+	add("AcquireHeld", func() error {
+		_, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o2"})
+		if !errors.Is(err, sqllock.ErrNotAcquired) {
+			return fmt.Errorf("want held, got %v", err)
+		}
+		return nil
+	})
+	add("AcquireSameOwner", func() (err error) {
+		l, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o1"})
+		return
+	})
+	add("Renew", func() (err error) { l, err = b.TryRenew(ctx, l, time.Minute); return })
+	add("RenewLost", func() error {
+		stale = l
+		stale.Token++
+		if _, err := b.TryRenew(ctx, stale, time.Minute); !errors.Is(err, sqllock.ErrLeaseLost) {
+			return fmt.Errorf("want lost, got %v", err)
+		}
+		return nil
+	})
+	add("Release", func() error { return b.Release(ctx, l) })
+	add("ReleaseAgain", func() error { return b.Release(ctx, l) })
+	add("List", func() error { _, err := b.List(ctx, "k"); return err })
+
+	run := func(check bool) {
+		for _, op := range ops {
+			q, p := tracer.queries.Load(), tracer.prepares.Load()
+			require.NoError(t, op.fn(), op.name)
+			if check {
+				require.EqualValues(t, 1, tracer.queries.Load()-q, "%s: statements sent", op.name)
+				require.EqualValues(t, 0, tracer.prepares.Load()-p, "%s: prepares", op.name)
+			}
+		}
+	}
+	run(false) // warm the statement cache of the pool's one connection
+	for range 3 {
+		run(true)
+	}
+}
+
+// TestFailedAcquireWritesNothing proves that a refused TryAcquire on a held
+// key assigns no transaction id (so it locks no row: row locks need one, and
+// it writes no commit record), and writes (next to) no WAL, beside a
+// failing INSERT ... ON CONFLICT DO UPDATE ... WHERE that does both. It is
+// not parallel, so that other tests' WAL does not blur the comparison.
+func TestFailedAcquireWritesNothing(t *testing.T) {
+	bundle := newBundle(t, Options{})
+	b := bundle.backend
+	ctx := testCtx(t)
+	acquireOK(t, b, "hot", "holder", time.Hour)
+
+	upsert := "INSERT INTO " + b.table + ` AS l (key, token, held, deadline, owner)
+		VALUES ($1, 1, true, clock_timestamp() + interval '1 minute', $2)
+		ON CONFLICT (key) DO UPDATE SET token = l.token + 1, held = true, deadline = excluded.deadline, owner = excluded.owner
+		WHERE NOT l.held OR l.deadline <= clock_timestamp()
+		RETURNING token`
+
+	// No transaction id, inside an explicit transaction: the Backend runs
+	// on the transaction through its db interface.
+	xidAfter := func(run func(tx pgx.Tx)) *int64 {
+		tx, err := bundle.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		run(tx)
+		var xid *int64
+		require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id_if_assigned()::text::bigint").Scan(&xid))
+		return xid
+	}
+	xid := xidAfter(func(tx pgx.Tx) {
+		inTx, err := newBackend(tx, bundle.db.Pool, Options{})
+		require.NoError(t, err)
+		for i := range 10 {
+			_, err := inTx.TryAcquire(ctx, sqllock.AcquireRequest{Key: "hot", TTL: time.Minute, Owner: fmt.Sprint("w", i)})
+			require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+		}
+	})
+	require.Nil(t, xid, "a refused TryAcquire assigned a transaction id")
+	xid = xidAfter(func(tx pgx.Tx) {
+		rows, err := tx.Query(ctx, upsert, "hot", "w")
+		require.NoError(t, err)
+		rows.Close()
+		require.NoError(t, rows.Err())
+	})
+	require.NotNil(t, xid, "control: a refused upsert should assign a transaction id")
+
+	// WAL, in autocommit as clients run.
+	const n = 300
+	walDuring := func(run func()) int64 {
+		var before string
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&before))
+		run()
+		var bytes int64
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn() - $1::pg_lsn", before).Scan(&bytes))
+		return bytes
+	}
+	ours := walDuring(func() {
+		for i := range n {
+			_, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "hot", TTL: time.Minute, Owner: fmt.Sprint("w", i)})
+			require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+		}
+	})
+	theirs := walDuring(func() {
+		for range n {
+			rows, err := b.pool.Query(ctx, upsert, "hot", "w")
+			require.NoError(t, err)
+			require.False(t, rows.Next(), "the upsert granted a held key")
+			rows.Close()
+			require.NoError(t, rows.Err())
+		}
+	})
+	t.Logf("WAL bytes for %d refused attempts: TryAcquire %d, INSERT ON CONFLICT DO UPDATE WHERE %d", n, ours, theirs)
+	require.GreaterOrEqual(t, theirs, int64(n*30), "control: refused upserts should write a lock and a commit record each")
+	require.Less(t, ours*20, theirs, "refused TryAcquire wrote WAL")
+}

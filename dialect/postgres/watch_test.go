@@ -1,0 +1,164 @@
+package postgres
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// wakeWithin waits for a wake-up on ch and returns how long it took.
+func wakeWithin(t *testing.T, ch <-chan struct{}, limit time.Duration, what string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	select {
+	case <-ch:
+		return time.Since(start)
+	case <-time.After(limit):
+		t.Fatalf("no wake-up within %v: %s", limit, what)
+		return 0
+	}
+}
+
+func noWake(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatalf("unexpected wake-up: %s", what)
+	default:
+	}
+}
+
+func (l *listener) listeningPID() uint32 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pid
+}
+
+func TestWatch(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ReleaseWakesOnlyThatKey", func(t *testing.T) {
+		t.Parallel()
+		bundle := newBundle(t, Options{})
+		b := bundle.backend
+		// A second Backend on the same table, as another process would be.
+		other, err := New(bundle.db.Pool, Options{})
+		require.NoError(t, err)
+		t.Cleanup(func() { other.Close() })
+
+		ch, stop := b.Watch("k")
+		defer stop()
+		unrelated, stopUnrelated := b.Watch("unrelated")
+		defer stopUnrelated()
+		wakeWithin(t, ch, 10*time.Second, "the listener's first LISTEN wakes every watcher")
+		wakeWithin(t, unrelated, 10*time.Second, "the listener's first LISTEN wakes every watcher")
+
+		var lat []time.Duration
+		for range 20 {
+			l := acquireOK(t, other, "k", "o1", time.Minute)
+			start := time.Now()
+			require.NoError(t, other.Release(testCtx(t), l))
+			wakeWithin(t, ch, 10*time.Second, "Release by another Backend")
+			lat = append(lat, time.Since(start))
+		}
+		noWake(t, unrelated, "a release of another key")
+		t.Logf("release -> wake-up (including the release's round trip): first %v, last %v", lat[0], lat[len(lat)-1])
+
+		// A refused or a stale release notifies nobody.
+		l := acquireOK(t, other, "k", "o1", time.Minute)
+		stale := l
+		stale.Token--
+		require.Error(t, other.Release(testCtx(t), stale))
+		require.NoError(t, other.Release(testCtx(t), l))
+		wakeWithin(t, ch, 10*time.Second, "Release")
+		require.NoError(t, other.Release(testCtx(t), l)) // already released: no notification
+		// The wake-up of a later release proves the earlier one sent none.
+		l2 := acquireOK(t, other, "k", "o1", time.Minute)
+		noWake(t, ch, "a second release of a released lease, or an acquire")
+		require.NoError(t, other.Release(testCtx(t), l2))
+		wakeWithin(t, ch, 10*time.Second, "Release")
+	})
+
+	t.Run("ListenerSurvivesTermination", func(t *testing.T) {
+		t.Parallel()
+		bundle := newBundle(t, Options{})
+		b := bundle.backend
+		ch, stop := b.Watch("k")
+		defer stop()
+		wakeWithin(t, ch, 10*time.Second, "first LISTEN")
+		pid := b.listener.listeningPID()
+		require.NotZero(t, pid)
+
+		var ok bool
+		require.NoError(t, bundle.db.Pool.QueryRow(testCtx(t), "SELECT pg_terminate_backend($1)", int32(pid)).Scan(&ok))
+		require.True(t, ok)
+		// Releases may have been missed while it was away: every waiter is
+		// woken once it listens again.
+		wakeWithin(t, ch, 10*time.Second, "the listener reconnecting after pg_terminate_backend")
+		require.NotEqual(t, pid, b.listener.listeningPID())
+
+		l := acquireOK(t, b, "k", "o1", time.Minute)
+		require.NoError(t, b.Release(testCtx(t), l))
+		wakeWithin(t, ch, 10*time.Second, "Release after the reconnect")
+	})
+
+	t.Run("StopAndClose", func(t *testing.T) {
+		t.Parallel()
+		bundle := newBundle(t, Options{})
+		b := bundle.backend
+		ch, stop := b.Watch("k")
+		wakeWithin(t, ch, 10*time.Second, "first LISTEN")
+		stop()
+		stop() // idempotent
+		l := acquireOK(t, b, "k", "o1", time.Minute)
+		require.NoError(t, b.Release(testCtx(t), l))
+		// Stopped: the next watcher's wake-up comes, the stopped one's not.
+		ch2, stop2 := b.Watch("k")
+		defer stop2()
+		l = acquireOK(t, b, "k", "o1", time.Minute)
+		require.NoError(t, b.Release(testCtx(t), l))
+		wakeWithin(t, ch2, 10*time.Second, "Release")
+		noWake(t, ch, "a stopped watch")
+
+		pid := b.listener.listeningPID()
+		require.NotZero(t, pid)
+		require.NoError(t, b.Close())
+		require.NoError(t, b.Close())
+		ch3, stop3 := b.Watch("k")
+		defer stop3()
+		l = acquireOK(t, b, "k", "o1", time.Minute) // still usable after Close
+		require.NoError(t, b.Release(testCtx(t), l))
+		noWake(t, ch3, "a watch after Close")
+		// The listening session ends on the server (it notices the closed
+		// connection asynchronously, so poll).
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, bundle.db.Pool.QueryRow(testCtx(t),
+				"SELECT count(*) FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&n))
+			return n == 0
+		}, 10*time.Second, 5*time.Millisecond, "the listening session outlived Close")
+	})
+
+	t.Run("DisableNotify", func(t *testing.T) {
+		t.Parallel()
+		bundle := newBundle(t, Options{DisableNotify: true})
+		b := bundle.backend
+		require.NotContains(t, b.releaseSQL, "pg_notify")
+		ch, stop := b.Watch("k")
+		defer stop()
+		// A Backend that does notify, on the same table: Watch of the
+		// DisableNotify one still never fires (it never listens).
+		loud, err := New(bundle.db.Pool, Options{})
+		require.NoError(t, err)
+		t.Cleanup(func() { loud.Close() })
+		loudCh, stopLoud := loud.Watch("k")
+		defer stopLoud()
+		wakeWithin(t, loudCh, 10*time.Second, "first LISTEN")
+		l := acquireOK(t, loud, "k", "o1", time.Minute)
+		require.NoError(t, loud.Release(testCtx(t), l))
+		wakeWithin(t, loudCh, 10*time.Second, "Release")
+		noWake(t, ch, "Watch with DisableNotify")
+		require.Nil(t, b.listener)
+	})
+}
