@@ -89,7 +89,7 @@ func translatePg(ctx context.Context, prefix, table string, pgErr *pgconn.PgErro
 	code := pgErr.Code
 	switch {
 	case code == "42P01" || code == "3F000": // undefined_table, invalid_schema_name
-		return fmt.Errorf("%s: %w: table %s does not exist (create it with `sqllock migrate up` or the migrations package): %w",
+		return fmt.Errorf("%s: %w: table %s does not exist: %w",
 			prefix, sqllock.ErrSchemaMissing, table, err)
 	case code == "25006": // read_only_sql_transaction
 		return fmt.Errorf("%s: %w: the database is read-only (a hot standby, or default_transaction_read_only is on); connect to the primary: %w",
