@@ -4,15 +4,20 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	msqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
@@ -409,4 +414,97 @@ func TestTokenExhaustedGrantsNothing(t *testing.T) {
 	require.Len(t, info, 1)
 	require.Equal(t, int64(math.MaxInt64), info[0].Token)
 	require.False(t, info[0].Held)
+}
+
+// TestConcurrentFirstOpen: several Opens of a new file at once (processes
+// starting together) all succeed; the migration runs once.
+func TestConcurrentFirstOpen(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "first.db")
+	const n = 8
+	errs := make(chan error, n)
+	backends := make(chan *Backend, n)
+	start := make(chan struct{})
+	for range n {
+		go func() {
+			<-start
+			b, err := Open(path, Options{})
+			errs <- err
+			backends <- b
+		}()
+	}
+	close(start)
+	for range n {
+		require.NoError(t, <-errs)
+	}
+	var tokens []int64
+	for range n {
+		b := <-backends
+		l, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o" + strconv.Itoa(len(tokens))})
+		require.NoError(t, err)
+		require.NoError(t, b.Release(testCtx(t), l))
+		tokens = append(tokens, l.Token)
+		require.NoError(t, b.Close())
+	}
+	require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 8}, tokens)
+}
+
+// TestNoBusySnapshot is SQ-2: two connections (two Backends on one file),
+// two goroutines each, 500 acquire/renew/release cycles per goroutine on two
+// keys: no error at all, in particular no SQLITE_BUSY (5) or
+// SQLITE_BUSY_SNAPSHOT (517). The negative control shows the hazard is real:
+// a deferred read-then-write transaction does get 517.
+func TestNoBusySnapshot(t *testing.T) {
+	t.Parallel()
+	b1, path := openTest(t, Options{Synchronous: SynchronousNormal})
+	b2, err := Open(path, Options{Synchronous: SynchronousNormal})
+	require.NoError(t, err)
+	defer b2.Close()
+	ctx := testCtx(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for i, b := range []*Backend{b1, b1, b2, b2} {
+		wg.Go(func() {
+			key := "k" + strconv.Itoa(i%2)
+			for c := 0; c < 500; c++ {
+				l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: fmt.Sprintf("g%d-%d", i, c)})
+				if errors.Is(err, sqllock.ErrNotAcquired) {
+					continue
+				}
+				if err == nil {
+					l, err = b.TryRenew(ctx, l, time.Minute)
+				}
+				if err == nil {
+					err = b.Release(ctx, l)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("code %d: %v", code(err), err)
+	}
+	t.Logf("busy retries absorbed: %d + %d", b1.Stats().BusyRetries, b2.Stats().BusyRetries)
+
+	// Negative control: _txlock=deferred, read, another connection
+	// commits, write → SQLITE_BUSY_SNAPSHOT at once.
+	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(1000)&_txlock=deferred")
+	require.NoError(t, err)
+	defer db.Close()
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer tx.Rollback()
+	var n int
+	require.NoError(t, tx.QueryRowContext(ctx, `SELECT count(*) FROM sqllock_locks`).Scan(&n))
+	_, err = b2.TryAcquire(ctx, sqllock.AcquireRequest{Key: "other", TTL: time.Minute, Owner: "o"})
+	require.NoError(t, err)
+	_, err = tx.ExecContext(ctx, `UPDATE sqllock_locks SET held = 0 WHERE key = 'none'`)
+	var se *msqlite.Error
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, sqlite3.SQLITE_BUSY_SNAPSHOT, se.Code(), "%v", err)
 }
