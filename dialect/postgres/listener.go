@@ -134,7 +134,7 @@ func (l *listener) run() {
 		delay = delay/2 + rand.N(delay/2+1) // jitter: [delay/2, delay]
 		failures++
 		l.b.log.Warn("sqllock/postgres: notification listener failed; reconnecting",
-			"channel", l.b.channel, "err", err, "retry_in", delay)
+			"table", l.b.table, "err", err, "retry_in", delay)
 		t := time.NewTimer(delay)
 		select {
 		case <-l.ctx.Done():
@@ -163,14 +163,18 @@ func (l *listener) session() (listened bool, err error) {
 		l.pid = 0
 		l.mu.Unlock()
 	}()
-	if _, err := conn.Exec(l.ctx, "LISTEN "+pgx.Identifier{l.b.channel}.Sanitize()); err != nil {
+	var channel string
+	if err := conn.QueryRow(l.ctx, l.b.channelSQL).Scan(&channel); err != nil {
+		return false, err
+	}
+	if _, err := conn.Exec(l.ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		return false, err
 	}
 	l.mu.Lock()
 	l.pid = conn.PgConn().PID()
 	onListen := l.onListen
 	l.mu.Unlock()
-	l.b.log.Debug("sqllock/postgres: listening", "channel", l.b.channel, "pid", conn.PgConn().PID())
+	l.b.log.Debug("sqllock/postgres: listening", "table", l.b.table, "channel", channel, "pid", conn.PgConn().PID())
 	l.wakeAll()
 	if onListen != nil {
 		onListen()
@@ -180,7 +184,7 @@ func (l *listener) session() (listened bool, err error) {
 		if err != nil {
 			return true, err
 		}
-		if n.Channel == l.b.channel {
+		if n.Channel == channel {
 			l.wake(n.Payload)
 		}
 	}

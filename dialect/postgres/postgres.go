@@ -24,8 +24,6 @@ package postgres
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -85,10 +83,8 @@ type Backend struct {
 	notify bool
 	log    *slog.Logger
 
-	// The statements, with the table (and channel) filled in.
-	acquireSQL, renewSQL, releaseSQL, listSQL, fenceSQL string
-
-	channel string // LISTEN/NOTIFY channel (unquoted)
+	// The statements, with the table filled in.
+	acquireSQL, renewSQL, releaseSQL, listSQL, fenceSQL, channelSQL string
 
 	mu       sync.Mutex
 	closed   bool
@@ -130,18 +126,17 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	b := &Backend{
-		db:      d,
-		pool:    pool,
-		table:   quoted,
-		notify:  !opts.DisableNotify,
-		log:     logger,
-		channel: channelName(opts.Schema, table),
+		db:     d,
+		pool:   pool,
+		table:  quoted,
+		notify: !opts.DisableNotify,
+		log:    logger,
 	}
 	fill := func(q string) string {
+		// A quoted, validated name holds no single quote: as a string
+		// literal (for ::regclass) it needs no escaping.
 		q = strings.ReplaceAll(q, "{{table}}", quoted)
-		// The channel is built from validated identifiers and '.', so it
-		// needs no escaping inside a string literal.
-		return strings.ReplaceAll(q, "{{channel}}", "'"+b.channel+"'")
+		return strings.ReplaceAll(q, "{{table_literal}}", "'"+quoted+"'")
 	}
 	b.acquireSQL = fill(acquireSQL)
 	b.renewSQL = fill(renewSQL)
@@ -151,24 +146,8 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	}
 	b.listSQL = fill(listSQL)
 	b.fenceSQL = fill(fenceSQL)
+	b.channelSQL = fill(channelSQL)
 	return b, nil
-}
-
-// channelName is the table's NOTIFY channel: "sqllock.<schema>.<table>"
-// ("sqllock.<table>" without a schema), or a hash of it when that is longer
-// than a PostgreSQL identifier (63 bytes). Two tables of the same name in
-// different schemas reached through search_path share a channel; that only
-// costs spurious wake-ups.
-func channelName(schema, table string) string {
-	name := "sqllock." + table
-	if schema != "" {
-		name = "sqllock." + schema + "." + table
-	}
-	if len(name) > sqlident.MaxLen {
-		sum := sha256.Sum256([]byte(name))
-		name = "sqllock." + hex.EncodeToString(sum[:16])
-	}
-	return name
 }
 
 // Close stops the listener and waits for it to end; it does not close the

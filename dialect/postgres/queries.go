@@ -1,8 +1,8 @@
 package postgres
 
 // The statements of the backend. {{table}} is replaced by the validated,
-// quoted table name when a Backend is built, and {{channel}} by the
-// notification channel as a string literal. Keys, owners, tokens and TTLs are
+// quoted table name when a Backend is built, and {{table_literal}} by that
+// name as a string literal. Keys, owners, tokens and TTLs are
 // always bind parameters, never pasted.
 //
 // Every statement is one round trip and reads the database clock once, with
@@ -108,7 +108,7 @@ LEFT JOIN cur AS c ON true`
 // deadline as the snapshot saw them, and the database time used.
 //
 // releaseNotifySQL is the same statement plus a pg_notify of the key on the
-// table's channel when (and only when) a row was released; the notification
+// table's channel (channelSQL) when (and only when) a row was released; the notification
 // is delivered when the statement commits. The "notify" CTE is a SELECT, so
 // it runs only because the final SELECT reads it, in an output column (a
 // LEFT JOIN that reads none of its columns would be removed by the planner,
@@ -148,7 +148,7 @@ WITH now AS MATERIALIZED (
     WHERE l.key = $1 AND l.token = $2 AND l.held
     RETURNING l.deadline > n.now AS valid
 ), notify AS MATERIALIZED (
-    SELECT pg_notify({{channel}}, $1) FROM upd
+    SELECT pg_notify('sqllock.' || {{table_literal}}::regclass::oid::text, $1) FROM upd
 )
 SELECT u.valid IS NOT NULL AS released,
        coalesce(u.valid, false) AS valid,
@@ -191,3 +191,9 @@ SELECT k.deadline IS NOT NULL AS locked,
 FROM now AS n
 LEFT JOIN locked AS k ON true
 LEFT JOIN cur AS c ON true`
+
+// channelSQL names the table's notification channel: "sqllock.<table oid>".
+// The OID tells apart tables of the same name in different schemas (say one
+// per tenant, reached through search_path), so their waiters do not wake
+// each other; a channel name from the table name could not.
+const channelSQL = `SELECT 'sqllock.' || {{table_literal}}::regclass::oid::text`

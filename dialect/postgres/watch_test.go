@@ -80,6 +80,30 @@ func TestWatch(t *testing.T) {
 		wakeWithin(t, ch, 10*time.Second, "Release")
 	})
 
+	// Same table name, two schemas (as with a schema per tenant reached
+	// through search_path): separate channels.
+	t.Run("TablesDoNotCrossTalk", func(t *testing.T) {
+		t.Parallel()
+		a := newBundle(t, Options{}).backend
+		b := newBundle(t, Options{}).backend
+		ch, stop := a.Watch("k")
+		defer stop()
+		marker, stopMarker := a.Watch("marker")
+		defer stopMarker()
+		wakeWithin(t, ch, 10*time.Second, "first LISTEN")
+		wakeWithin(t, marker, 10*time.Second, "first LISTEN")
+
+		l := acquireOK(t, b, "k", "o1", time.Minute)
+		require.NoError(t, b.Release(testCtx(t), l))
+		// Notifications reach a listener in commit order: once the later
+		// marker release arrives, any notification of b's release would
+		// have arrived too.
+		m := acquireOK(t, a, "marker", "o1", time.Minute)
+		require.NoError(t, a.Release(testCtx(t), m))
+		wakeWithin(t, marker, 10*time.Second, "Release of the marker")
+		noWake(t, ch, "a release in another schema's table")
+	})
+
 	t.Run("ListenerSurvivesTermination", func(t *testing.T) {
 		t.Parallel()
 		bundle := newBundle(t, Options{})
