@@ -1,0 +1,279 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/ashlock/ashlock/migrations"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// Exit statuses. They follow sysexits.h where it has a fitting code; the
+// package doc explains each.
+const (
+	ExitOK          = 0
+	ExitFailure     = 1   // an operation failed for a reason not listed below
+	ExitUsage       = 64  // EX_USAGE: bad flags or arguments, invalid key or TTL
+	ExitUnavailable = 69  // EX_UNAVAILABLE: the database cannot be reached or opened
+	ExitTempFail    = 75  // EX_TEMPFAIL: not acquired (held by another, or --wait ended)
+	ExitLeaseLost   = 76  // EX_PROTOCOL: the lease was lost while the command ran
+	ExitConfig      = 78  // EX_CONFIG: unknown URL scheme, bad URL, lock table missing
+	ExitCannotExec  = 126 // the command was found but could not be started
+	ExitNotFound    = 127 // the command was not found
+	exitSignalBase  = 128 // 128+N: died by (or interrupted with) signal N
+)
+
+// exitError carries an exit status and a message (one line) to Run.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// fail returns an error that makes Run print err and exit with code.
+func fail(code int, format string, args ...any) error {
+	return &exitError{code: code, err: fmt.Errorf(format, args...)}
+}
+
+// silentExit makes Run exit with code without printing anything (the
+// command's own exit status, or a status whose message was already printed).
+type silentExit int
+
+func (s silentExit) Error() string { return fmt.Sprintf("exit status %d", int(s)) }
+
+// env is one invocation's view of the world: the injected streams, the
+// environment, and the signal source (os/signal unless a test replaces it).
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	environ        func() []string
+	notify         func(c chan<- os.Signal, sig ...os.Signal)
+	stopNotify     func(c chan<- os.Signal)
+	usages  []usageText
+	// secrets are redacted from every message; the database resolution adds
+	// the password it found.
+	secrets []string
+}
+
+// Run runs the sqllock command line args (without the program name) and
+// returns the exit status. It writes results to stdout and diagnostics to
+// stderr, one line per error, with any database password redacted. The
+// command run by `sqllock run` inherits stdin, stdout and stderr.
+//
+// ctx ends long waits (an acquire with --wait, bench, migrations); `run`
+// handles SIGINT and SIGTERM itself (it forwards them to its command), so
+// main's signal.NotifyContext does not stop a running command.
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	e := &env{
+		stdin: stdin, stdout: stdout, stderr: stderr,
+		getenv:     os.Getenv,
+		environ:    os.Environ,
+		notify:     signal.Notify,
+		stopNotify: signal.Stop,
+	}
+	return e.run(ctx, args)
+}
+
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, e *env, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"migrate", "create, inspect or drop the lock table (up, down, status, sql)", cmdMigrate},
+		{"run", "run a command while holding a lock; stop it if the lock is lost", cmdRun},
+		{"list", "list locks: key, held, owner, fencing token, time left", cmdList},
+		{"release", "end a lease by key, whoever holds it (needs --force)", cmdRelease},
+		{"bench", "load-test the lock table of a database (like pgbench, for locks)", cmdBench},
+	}
+}
+
+const mainUsage = `sqllock: distributed locks (leases with fencing tokens) in a SQL database.
+
+Usage:
+  sqllock <command> [flags] [arguments]
+
+Commands:
+%s
+The database comes from --database-url, else $SQLLOCK_DATABASE_URL, else an
+embedded SQLite file in your state directory (%s),
+created on first use:
+  postgres://... or postgresql://...   PostgreSQL (libpq PG* variables fill
+                                       in what the URL leaves out)
+  sqlite:PATH or a plain file path     SQLite (created and migrated on use)
+
+Exit statuses (all commands):
+  0    success (run: the command's own status)
+  1    the operation failed for another reason
+  64   usage error: bad flag, missing --key, invalid key or duration
+  69   the database cannot be reached or opened
+  75   run: not acquired (held by another; --wait elapsed)
+       release: a newer holder appeared in between; nothing released
+  76   run: the lease was lost while the command ran; it was stopped
+  78   configuration error: unknown URL scheme, bad URL, lock table missing
+  126  run: the command could not be started
+  127  run: the command was not found
+  128+N  run: the command died by signal N, or sqllock was interrupted by it
+
+Run "sqllock <command> --help" for a command's flags and an example.
+
+Example:
+  sqllock run --key nightly-report -- ./report.sh
+`
+
+func (e *env) mainUsage(w io.Writer) {
+	var b strings.Builder
+	for _, c := range commands() {
+		fmt.Fprintf(&b, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, mainUsage, b.String(), defaultPathForHelp(e.getenv))
+}
+
+func (e *env) run(ctx context.Context, args []string) int {
+	if len(args) == 0 {
+		e.mainUsage(e.stderr)
+		return ExitUsage
+	}
+	name := args[0]
+	switch name {
+	case "-h", "-help", "--help", "help":
+		if name == "help" && len(args) > 1 {
+			return e.run(ctx, []string{args[1], "--help"})
+		}
+		e.mainUsage(e.stdout)
+		return ExitOK
+	}
+	for _, c := range commands() {
+		if c.name == name {
+			return e.finish(name, c.run(ctx, e, args[1:]))
+		}
+	}
+	e.errorf("sqllock: unknown command %q (commands: migrate, run, list, release, bench; see sqllock --help)", name)
+	return ExitUsage
+}
+
+// finish prints err (one line, redacted) and returns its exit status.
+func (e *env) finish(name string, err error) int {
+	if err == nil {
+		return ExitOK
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return ExitOK
+	}
+	var s silentExit
+	if errors.As(err, &s) {
+		return int(s)
+	}
+	e.errorf("sqllock %s: %v", name, err)
+	return exitCode(err)
+}
+
+// errorf prints one line to stderr, with secrets redacted and line breaks
+// folded.
+func (e *env) errorf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	lines := strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' || r == '\r' })
+	for i, l := range lines {
+		lines[i] = strings.TrimSpace(l)
+	}
+	msg = strings.Join(lines, " ")
+	fmt.Fprintln(e.stderr, redact(msg, e.secrets))
+}
+
+// exitCode maps an error to the exit status that describes it.
+func exitCode(err error) int {
+	var xe *exitError
+	if errors.As(err, &xe) {
+		return xe.code
+	}
+	switch {
+	case errors.Is(err, sqllock.ErrInvalidKey), errors.Is(err, sqllock.ErrInvalidTTL),
+		errors.Is(err, sqllock.ErrInvalidOwner), errors.Is(err, migrations.ErrInvalidIdentifier):
+		return ExitUsage
+	case errors.Is(err, sqllock.ErrNotAcquired):
+		return ExitTempFail
+	case errors.Is(err, sqllock.ErrLeaseLost):
+		return ExitLeaseLost
+	case errors.Is(err, sqllock.ErrSchemaMissing):
+		return ExitConfig
+	case errors.Is(err, sqllock.ErrUnavailable), errors.Is(err, sqllock.ErrIndeterminate),
+		errors.Is(err, context.DeadlineExceeded):
+		return ExitUnavailable
+	case errors.Is(err, context.Canceled):
+		return exitSignalBase + 2 // interrupted (SIGINT)
+	}
+	return ExitFailure
+}
+
+// flagSet returns a FlagSet for one subcommand with the usage text given.
+// It prints nothing itself: parse errors become one line, and --help prints
+// the usage to stdout.
+func (e *env) flagSet(name, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet("sqllock "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	// flag calls Usage on every parse error too; parse prints the usage
+	// for --help only.
+	fs.Usage = func() {}
+	e.usages = append(e.usages, usageText{fs, usage})
+	return fs
+}
+
+type usageText struct {
+	fs   *flag.FlagSet
+	text string
+}
+
+func (e *env) printUsage(fs *flag.FlagSet) {
+	for _, u := range e.usages {
+		if u.fs == fs {
+			fmt.Fprint(e.stdout, strings.TrimLeft(u.text, "\n"))
+		}
+	}
+	fmt.Fprintln(e.stdout, "\nFlags:")
+	fs.SetOutput(e.stdout)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}
+
+// parse parses args; a parse error becomes a usage error naming --help.
+func (e *env) parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			e.printUsage(fs)
+			return err
+		}
+		return fail(ExitUsage, "%v (see %s --help)", err, fs.Name())
+	}
+	return nil
+}
+
+// dbFlags are the flags every database command has.
+type dbFlags struct {
+	url, table, schema string
+}
+
+func (f *dbFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.url, "database-url", "", "`URL` of the database (default $SQLLOCK_DATABASE_URL, else the embedded SQLite file)")
+	fs.StringVar(&f.table, "table", "", "lock `table` name (default sqllock_locks)")
+	fs.StringVar(&f.schema, "schema", "", "PostgreSQL `schema` of the lock table (default: the search_path)")
+}
+
+// positiveDuration refuses negative durations with a usage error.
+func nonNegative(name string, d time.Duration) error {
+	if d < 0 {
+		return fail(ExitUsage, "--%s %v: must not be negative", name, d)
+	}
+	return nil
+}

@@ -1,0 +1,59 @@
+// Package cli is the sqllock command: every subcommand, testable with
+// injected streams. cmd/sqllock's main only calls [Run].
+//
+// # Commands
+//
+//	sqllock migrate up|down|status|sql [--table T] [--schema S] [--force] [--dialect D]
+//	sqllock run --key K [--ttl 30s] [--wait 0] [--grace 10s] [--table T] -- CMD ARGS...
+//	sqllock list [--prefix P] [--json]
+//	sqllock release --key K --force
+//	sqllock bench [--clients N] [--keys N] [--duration D] [--workload uncontended|hot|handoff|all] [--json]
+//
+// Every command takes --database-url; else $SQLLOCK_DATABASE_URL is used,
+// else an embedded SQLite file in the user's state directory
+// ($XDG_STATE_HOME/sqllock/locks.db, else ~/.local/state/sqllock/locks.db;
+// ~/Library/Application Support/sqllock on macOS, %LocalAppData%\sqllock on
+// Windows), created on first use with its directory (0700). postgres:// and
+// postgresql:// URLs select PostgreSQL (libpq PG* variables fill in what the
+// URL leaves out, as pgxpool.ParseConfig does); sqlite:PATH or a plain path
+// select SQLite; any other scheme is a configuration error. A password is
+// never printed, in errors neither.
+//
+// # run
+//
+// run acquires the key, starts the command in its own process group with
+// SQLLOCK_KEY, SQLLOCK_TOKEN and SQLLOCK_OWNER in its environment, lets the
+// Guard renew the lease, forwards SIGINT and SIGTERM to the command's group,
+// and releases the lease when the command exits. If the lease is lost, run
+// sends SIGTERM to the group, SIGKILL after --grace to whatever is left of
+// it, and exits [ExitLeaseLost]. This is what `consul lock` does, and what
+// `etcdctl lock` does not (it leaves the command running after its session
+// is lost; etcd's lock_command.go waits on the child only).
+//
+// # Exit statuses
+//
+// They follow sysexits.h where it has a fitting code:
+//
+//	0        success; for run, the command's own status
+//	1        [ExitFailure]: the operation failed for another reason
+//	64       [ExitUsage] (EX_USAGE): bad flag or argument, missing --key,
+//	         invalid key, duration or table name, --force missing
+//	69       [ExitUnavailable] (EX_UNAVAILABLE): the database cannot be
+//	         reached or opened
+//	75       [ExitTempFail] (EX_TEMPFAIL): run: not acquired (held by another,
+//	         or --wait elapsed); release: a newer holder took the key between
+//	         reading and releasing, and was left alone. Retrying may succeed.
+//	76       [ExitLeaseLost] (EX_PROTOCOL): run: the lease was lost while the
+//	         command ran, and the command was stopped. sysexits.h has no code
+//	         for "lost"; 76 ("remote error in protocol") is the closest, the
+//	         database having revoked what it granted, and it sits next to 75
+//	         so that both lock outcomes are easy to tell from the command's
+//	         own small statuses. It wins over the command's own status: the
+//	         command's work may have overlapped another holder's.
+//	78       [ExitConfig] (EX_CONFIG): unknown URL scheme, unparsable URL, or
+//	         the lock table is missing (PostgreSQL: run `sqllock migrate up`)
+//	126      [ExitCannotExec]: run: the command could not be started
+//	127      [ExitNotFound]: run: the command was not found
+//	128+N    run: the command died by signal N (as shells report it), or
+//	         sqllock was interrupted by signal N before the command started
+package cli

@@ -1,0 +1,160 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pressly/goose/v3"
+
+	"github.com/ashlock/ashlock/migrations"
+)
+
+const migrateUsage = `
+Usage: sqllock migrate up|down|status|sql [flags]
+
+Manages the lock table (default sqllock_locks, see --table and --schema).
+The applied versions are recorded in the library's own table
+(<table>_version), never in your application's goose_db_version.
+
+  up      create or upgrade the lock table (PostgreSQL needs this once;
+          a SQLite file is migrated on first use anyway)
+  status  list the migrations and whether each is applied
+  sql     print the SQL, for teams that apply schema with their own tool
+          ("sql down" prints the rollback); it needs no database: the
+          dialect comes from --dialect, else from the database URL
+  down    roll back the latest migration. Rolling back the first one DROPS
+          the lock table and with it the token history: fencing tokens
+          restart at 1, so a resource that remembers a higher token refuses
+          every new holder, and old and new tokens can collide. Only for
+          uninstalling; needs --force.
+
+Examples:
+  sqllock migrate up --database-url postgres://app@db/app
+  sqllock migrate sql --dialect postgres --schema locks > locks.sql
+`
+
+func cmdMigrate(ctx context.Context, e *env, args []string) error {
+	var (
+		db      dbFlags
+		force   bool
+		dialect string
+	)
+	fs := e.flagSet("migrate", migrateUsage)
+	fs.BoolVar(&force, "force", false, "allow down, which drops the token history")
+	fs.StringVar(&dialect, "dialect", "", "for sql: postgres or sqlite (default: from the database URL)")
+	db.register(fs)
+	// Accept flags before and after the action: migrate up --table x.
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return fail(ExitUsage, "missing action: up, down, status or sql (see sqllock migrate --help)")
+	}
+	action := rest[0]
+	if err := e.parse(fs, rest[1:]); err != nil {
+		return err
+	}
+	rest = fs.Args()
+	opts := migrations.Options{Schema: db.schema, Table: db.table}
+
+	if action == "sql" {
+		direction := "up"
+		if len(rest) > 0 {
+			direction, rest = rest[0], rest[1:]
+		}
+		if len(rest) > 0 {
+			return fail(ExitUsage, "unexpected argument %q (see sqllock migrate --help)", rest[0])
+		}
+		d := migrations.Dialect(dialect)
+		if dialect == "" {
+			res, err := e.resolveDatabase(db.url)
+			if err != nil {
+				return err
+			}
+			d = res.dialect
+		}
+		if d != migrations.Postgres && d != migrations.SQLite {
+			return fail(ExitUsage, "--dialect %q: want postgres or sqlite", dialect)
+		}
+		out, err := migrations.SQL(d, opts, direction)
+		if err != nil {
+			return fail(ExitUsage, "%v", err)
+		}
+		_, err = fmt.Fprint(e.stdout, out)
+		return err
+	}
+	if len(rest) > 0 {
+		return fail(ExitUsage, "unexpected argument %q (see sqllock migrate --help)", rest[0])
+	}
+	switch action {
+	case "up", "status":
+	case "down":
+		if !force {
+			return fail(ExitUsage, "refusing to migrate down without --force: rolling back the first migration drops the lock table and discards the token history (fencing tokens restart at 1); add --force to uninstall")
+		}
+	default:
+		return fail(ExitUsage, "unknown action %q: want up, down, status or sql", action)
+	}
+	res, err := e.resolveDatabase(db.url)
+	if err != nil {
+		return err
+	}
+	sqlDB, closeDB, err := e.openSQL(ctx, res, db.schema)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	switch action {
+	case "up":
+		if err := migrations.Up(ctx, res.dialect, sqlDB, opts); err != nil {
+			return migrateError(err)
+		}
+		fmt.Fprintf(e.stdout, "lock table %s is up to date in %s\n", tableName(opts), res.display)
+		return nil
+	case "down":
+		if err := migrations.Down(ctx, res.dialect, sqlDB, opts); err != nil {
+			if errors.Is(err, goose.ErrNoNextVersion) {
+				return fail(ExitFailure, "nothing to roll back: no migration is applied in %s", res.display)
+			}
+			return migrateError(err)
+		}
+		fmt.Fprintf(e.stdout, "rolled back the latest migration of %s in %s\n", tableName(opts), res.display)
+		return nil
+	}
+	st, err := migrations.Status(ctx, res.dialect, sqlDB, opts)
+	if err != nil {
+		return migrateError(err)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "VERSION\tSTATE\tAPPLIED AT\tFILE\n")
+	for _, s := range st {
+		at := "-"
+		if !s.AppliedAt.IsZero() {
+			at = s.AppliedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", s.Source.Version, s.State, at, s.Source.Path)
+	}
+	return tw.Flush()
+}
+
+func tableName(o migrations.Options) string {
+	t := o.Table
+	if t == "" {
+		t = migrations.DefaultTable
+	}
+	if o.Schema != "" {
+		return o.Schema + "." + t
+	}
+	return t
+}
+
+func migrateError(err error) error {
+	if errors.Is(err, migrations.ErrInvalidIdentifier) {
+		return fail(ExitUsage, "%v", err)
+	}
+	return err
+}

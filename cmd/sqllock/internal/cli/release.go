@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+const releaseUsage = `
+Usage: sqllock release --key KEY --force [flags]
+
+Ends the current lease on KEY, whoever holds it: for a holder that is stuck
+or gone, without waiting for its lease to expire.
+
+It reads KEY's current token, then releases exactly that lease (key and
+token), so a newer holder that took KEY in between is never touched; then
+it says so and exits 75. The next holder gets a larger fencing token, so a
+resource that checks tokens refuses the old holder's late writes: fencing
+stays safe. The old holder learns of the loss at its next renewal
+("sqllock run" then stops its command and exits 76).
+
+Without --force it refuses: this ends another process's lease.
+
+Example:
+  sqllock release --key nightly-report --force
+`
+
+func cmdRelease(ctx context.Context, e *env, args []string) error {
+	var (
+		db    dbFlags
+		key   string
+		force bool
+	)
+	fs := e.flagSet("release", releaseUsage)
+	fs.StringVar(&key, "key", "", "the lock's `key` (required)")
+	fs.BoolVar(&force, "force", false, "really end the lease, whoever holds it")
+	db.register(fs)
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fail(ExitUsage, "unexpected argument %q (see sqllock release --help)", fs.Arg(0))
+	case key == "":
+		return fail(ExitUsage, "missing --key (see sqllock release --help)")
+	case !force:
+		return fail(ExitUsage, "refusing to release %q without --force: it ends another process's lease, which learns of it only at its next renewal (its fencing token becomes stale); add --force if that is what you want", key)
+	}
+	if err := sqllock.ValidateKey(key); err != nil {
+		return fail(ExitUsage, "--key: %v", err)
+	}
+	d, err := e.resolveDatabase(db.url)
+	if err != nil {
+		return err
+	}
+	b, err := e.openBackend(ctx, d, db, 2)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+
+	infos, err := b.List(ctx, key)
+	if err != nil {
+		return listError(err)
+	}
+	var info *sqllock.LockInfo
+	for i := range infos {
+		if infos[i].Key == key {
+			info = &infos[i]
+		}
+	}
+	switch {
+	case info == nil:
+		return fail(ExitFailure, "no lock %q in %s (see sqllock list)", key, d.display)
+	case !info.Held:
+		fmt.Fprintf(e.stdout, "%q is not held (token %d, released or expired); nothing to release\n", key, info.Token)
+		return nil
+	}
+	// Token-scoped: this never ends a newer lease granted since the List.
+	err = b.Release(ctx, sqllock.Lease{Key: key, Token: info.Token, Owner: info.Owner})
+	var lost *sqllock.LostError
+	switch {
+	case err == nil:
+	case errors.As(err, &lost) && lost.Reason == sqllock.LostTaken:
+		return fail(ExitTempFail, "%q was taken by a newer holder (token %d) after it was read; that lease was left alone (run again to release it)", key, lost.Current)
+	case errors.As(err, &lost):
+		// Expired or released in between: the key is free either way.
+		fmt.Fprintf(e.stdout, "%q (token %d) was already %s; it is free\n", key, info.Token, lost.Reason)
+		return nil
+	default:
+		return fmt.Errorf("release %q: %w", key, err)
+	}
+	fmt.Fprintf(e.stdout, "released %q (token %d, held by %s); the next holder gets a larger token\n", key, info.Token, info.Owner)
+	return nil
+}

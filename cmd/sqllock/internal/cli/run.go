@@ -1,0 +1,406 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+const runUsage = `
+Usage: sqllock run --key KEY [--ttl 30s] [--wait 0] [--grace 10s] [flags] -- COMMAND [ARGS...]
+
+Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
+
+  1. Acquires KEY: one attempt with --wait 0 (the default), else waiting up
+     to --wait for the current holder to finish.
+  2. Starts COMMAND with stdin, stdout and stderr passed through and these
+     variables added to its environment:
+       SQLLOCK_KEY    the key
+       SQLLOCK_TOKEN  the fencing token: larger than every earlier holder's.
+                      Pass it to the resource you protect, and have it refuse
+                      writes carrying a token lower than one it has seen.
+       SQLLOCK_OWNER  this lease's owner, as "sqllock list" shows it
+  3. Renews the lease in the background every --ttl/3.
+  4. SIGINT and SIGTERM sent to sqllock are forwarded to COMMAND, and sqllock
+     waits for it to exit.
+  5. If the lease is lost (it could not be renewed before it expired, or it
+     was ended with "sqllock release --force"), sqllock sends SIGTERM to
+     COMMAND, then SIGKILL after --grace if anything in it still runs, and
+     exits 76. COMMAND runs in its own process group, so both signals reach
+     the processes it started too (forwarded signals go to the group as
+     well).
+
+Exit status: COMMAND's own (128+N if it died by signal N), except
+  75   not acquired: KEY is held by another (or --wait elapsed)
+  76   the lease was lost while COMMAND ran; COMMAND was stopped (this wins
+       over COMMAND's own status: its work may have overlapped another
+       holder's)
+  64   usage error; 69 database unreachable; 78 configuration error or lock
+       table missing (PostgreSQL: run "sqllock migrate up")
+  126  COMMAND could not be started; 127 COMMAND not found
+
+Examples:
+  sqllock run --key nightly-report -- ./report.sh --since yesterday
+  sqllock run --key deploy --wait 5m --ttl 1m -- make deploy
+  sqllock run --key demo -- sh -c 'echo "token $SQLLOCK_TOKEN"'
+`
+
+// Default timings of `run`.
+const (
+	defaultGrace = 10 * time.Second
+	// releaseTimeout bounds the release after COMMAND exited; the lease
+	// expires by itself anyway.
+	releaseTimeout = 5 * time.Second
+)
+
+type runFlags struct {
+	db         dbFlags
+	key        string
+	ttl, wait  time.Duration
+	grace      time.Duration
+	command    []string
+	commandRaw string // COMMAND as given, for messages
+}
+
+func cmdRun(ctx context.Context, e *env, args []string) error {
+	var f runFlags
+	fs := e.flagSet("run", runUsage)
+	fs.StringVar(&f.key, "key", "", "the lock's `key` (required)")
+	fs.DurationVar(&f.ttl, "ttl", sqllock.DefaultTTL, "lease `duration`; renewed every ttl/3 while COMMAND runs")
+	fs.DurationVar(&f.wait, "wait", 0, "how long to wait for the lock (`duration`); 0 means one attempt")
+	fs.DurationVar(&f.grace, "grace", defaultGrace, "after a lost lease, time between SIGTERM and SIGKILL (`duration`)")
+	f.db.register(fs)
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	f.command = fs.Args()
+	switch {
+	case f.key == "":
+		return fail(ExitUsage, "missing --key (see sqllock run --help)")
+	case len(f.command) == 0:
+		return fail(ExitUsage, "missing the command to run after -- (see sqllock run --help)")
+	}
+	if err := sqllock.ValidateKey(f.key); err != nil {
+		return fail(ExitUsage, "--key: %v", err)
+	}
+	if err := sqllock.ValidateTTL(f.ttl); err != nil {
+		return fail(ExitUsage, "--ttl: %v", err)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"wait", f.wait}, {"grace", f.grace}} {
+		if err := nonNegative(d.name, d.v); err != nil {
+			return err
+		}
+	}
+	f.commandRaw = f.command[0]
+	path, err := exec.LookPath(f.command[0])
+	if err != nil {
+		code := ExitNotFound
+		if !errors.Is(err, exec.ErrNotFound) {
+			code = ExitCannotExec
+		}
+		return fail(code, "command %q: %v", f.command[0], err)
+	}
+	f.command[0] = path
+
+	// Signals are ours from here on: during the acquire they end the wait;
+	// while COMMAND runs they are forwarded to it.
+	sigs := make(chan os.Signal, 8)
+	e.notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer e.stopNotify(sigs)
+
+	d, err := e.resolveDatabase(f.db.url)
+	if err != nil {
+		return err
+	}
+	b, err := e.openBackend(ctx, d, f.db, 4)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	client, err := sqllock.New(b, sqllock.Options{TTL: f.ttl, ReleaseTimeout: releaseTimeout})
+	if err != nil {
+		return fail(ExitUsage, "%v", err)
+	}
+	defer func() { _ = client.Close(context.Background()) }()
+
+	g, err := e.acquire(ctx, client, f, sigs)
+	if err != nil {
+		return err
+	}
+	return e.supervise(g, f, sigs)
+}
+
+// signalExit is how the acquire was interrupted.
+type signalExit struct{ sig os.Signal }
+
+func (s signalExit) Error() string { return fmt.Sprintf("interrupted by %v", s.sig) }
+
+func signalNumber(sig os.Signal) int {
+	if s, ok := sig.(syscall.Signal); ok {
+		return int(s)
+	}
+	return 2
+}
+
+// acquire takes the lock, ending early on a signal or when ctx ends. The
+// Guard's context does not derive from ctx: after the acquire, signals are
+// forwarded to COMMAND and must not end the lease under it.
+func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, sigs <-chan os.Signal) (*sqllock.Guard, error) {
+	lockCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	acquired := make(chan struct{})
+	watcherDone := make(chan struct{})
+	go func() {
+		defer close(watcherDone)
+		select {
+		case <-acquired:
+		case s := <-sigs:
+			cancel(signalExit{s})
+		case <-ctx.Done():
+			// main's NotifyContext also ends ctx on a signal; prefer the
+			// signal itself, which arrives at the same moment.
+			t := time.NewTimer(50 * time.Millisecond)
+			defer t.Stop()
+			select {
+			case s := <-sigs:
+				cancel(signalExit{s})
+			case <-t.C:
+				cancel(context.Cause(ctx))
+			}
+		}
+	}()
+	var (
+		g   *sqllock.Guard
+		err error
+	)
+	opts := &sqllock.AcquireOptions{TTL: f.ttl}
+	if f.wait == 0 {
+		g, err = client.TryAcquire(lockCtx, f.key, opts)
+	} else {
+		opts.Wait = f.wait
+		g, err = client.Acquire(lockCtx, f.key, opts)
+	}
+	close(acquired)
+	<-watcherDone
+	if cause := context.Cause(lockCtx); cause != nil {
+		// Interrupted: give the lease back, if the acquire won it.
+		if g != nil {
+			rctx, cancelRelease := context.WithTimeout(context.Background(), releaseTimeout)
+			_ = g.Release(rctx)
+			cancelRelease()
+		}
+		var se signalExit
+		if errors.As(cause, &se) {
+			return nil, fail(exitSignalBase+signalNumber(se.sig), "%v while acquiring %q; not run", se.sig, f.key)
+		}
+		return nil, fail(exitSignalBase+2, "interrupted while acquiring %q (%v); not run", f.key, cause)
+	}
+	if err != nil {
+		var he *sqllock.HeldError
+		if errors.As(err, &he) {
+			msg := fmt.Sprintf("not acquired: %q is held", f.key)
+			if he.Owner != "" {
+				msg += fmt.Sprintf(" by %q (token %d) for %v more", he.Owner, he.Token, he.Remaining.Round(time.Millisecond))
+			}
+			if f.wait == 0 {
+				msg += "; use --wait DURATION to wait for it"
+			} else {
+				msg += fmt.Sprintf("; gave up after waiting %v", f.wait)
+			}
+			return nil, fail(ExitTempFail, "%s", msg)
+		}
+		if errors.Is(err, sqllock.ErrSchemaMissing) {
+			return nil, fail(ExitConfig, "%v", err)
+		}
+		return nil, fmt.Errorf("acquire %q: %w", f.key, err)
+	}
+	return g, nil
+}
+
+// supervise runs COMMAND under the lease g and returns run's exit status as
+// a silentExit (or an error to print).
+func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (retErr error) {
+	lease := g.Lease()
+	defer func() {
+		// Release when COMMAND has exited (or could not start). A loss
+		// detected only now still means COMMAND's work may have overlapped.
+		rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		rerr := g.Release(rctx)
+		var s silentExit
+		lostBefore := errors.As(retErr, &s) && int(s) == ExitLeaseLost
+		switch {
+		case rerr == nil || lostBefore:
+		case errors.Is(rerr, sqllock.ErrLeaseLost):
+			e.errorf("sqllock run: the lease on %q (token %d) had ended before %s exited: %v; its work may have overlapped another holder's",
+				f.key, lease.Token, f.commandRaw, rerr)
+			retErr = silentExit(ExitLeaseLost)
+		default:
+			e.errorf("sqllock run: release of %q (token %d) failed: %v; the lease expires by itself within %v", f.key, lease.Token, rerr, f.ttl)
+		}
+	}()
+
+	cmd := exec.Command(f.command[0], f.command[1:]...)
+	cmd.Args[0] = f.commandRaw
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = e.stdin, e.stdout, e.stderr
+	cmd.Env = append(e.environ(),
+		"SQLLOCK_KEY="+f.key,
+		"SQLLOCK_TOKEN="+strconv.FormatInt(lease.Token, 10),
+		"SQLLOCK_OWNER="+lease.Owner,
+	)
+	// Its own process group: a loss stops COMMAND's children too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Bounds the copying of non-file stdio after COMMAND exits (a child
+	// that keeps a pipe open); os.File stdio is passed directly.
+	cmd.WaitDelay = f.grace + time.Second
+	if err := cmd.Start(); err != nil {
+		return fail(ExitCannotExec, "start %s: %v", f.commandRaw, err)
+	}
+	pgid := cmd.Process.Pid
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	var (
+		lost     *sqllock.LostError
+		graceC   <-chan time.Time
+		killed   bool
+		leaseEnd = g.Done()
+	)
+	signalGroup := func(sig syscall.Signal) {
+		// The group, so that the signal reaches COMMAND's children too;
+		// ESRCH once every member is gone.
+		_ = syscall.Kill(-pgid, sig)
+	}
+	var waitErr error
+loop:
+	for {
+		select {
+		case waitErr = <-exited:
+			break loop
+		case s := <-sigs:
+			if sig, ok := s.(syscall.Signal); ok {
+				signalGroup(sig)
+			}
+		case <-leaseEnd:
+			leaseEnd = nil
+			if !errors.As(context.Cause(g.Context()), &lost) {
+				continue // released: only after COMMAND exited
+			}
+			e.errorf("sqllock run: lost the lease on %q (token %d): %s; stopping %s: SIGTERM now, SIGKILL in %v if it still runs",
+				f.key, lease.Token, lossReason(lost), f.commandRaw, f.grace)
+			signalGroup(syscall.SIGTERM)
+			t := time.NewTimer(f.grace)
+			defer t.Stop()
+			graceC = t.C
+		case <-graceC:
+			graceC = nil
+			killed = true
+			signalGroup(syscall.SIGKILL)
+		}
+	}
+	status := exitStatus(cmd.ProcessState, waitErr)
+	if lost == nil {
+		if errors.As(context.Cause(g.Context()), &lost) {
+			// Lost at the moment COMMAND exited: its work may have
+			// overlapped another holder's all the same.
+			e.errorf("sqllock run: lost the lease on %q (token %d) as %s exited: %s", f.key, lease.Token, f.commandRaw, lossReason(lost))
+			return silentExit(ExitLeaseLost)
+		}
+		return silentExit(status)
+	}
+	// After a loss, give the rest of the group the same grace, then kill it.
+	if graceC != nil {
+		killed = e.drainGroup(pgid, graceC) || killed
+	}
+	how := describeStatus(cmd.ProcessState, waitErr)
+	if killed {
+		how += fmt.Sprintf("; SIGKILL sent after the %v grace", f.grace)
+	}
+	e.errorf("sqllock run: %s was stopped because the lease on %q was lost (%s); exit status %d",
+		f.commandRaw, f.key, how, ExitLeaseLost)
+	return silentExit(ExitLeaseLost)
+}
+
+// drainGroup waits, until graceC fires, for the processes left in COMMAND's
+// group to exit, then kills those that remain. It reports whether it had to.
+func (e *env) drainGroup(pgid int, graceC <-chan time.Time) bool {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if syscall.Kill(-pgid, 0) != nil {
+			return false // the group is empty
+		}
+		select {
+		case <-graceC:
+			return syscall.Kill(-pgid, syscall.SIGKILL) == nil
+		case <-tick.C:
+		}
+	}
+}
+
+func lossReason(l *sqllock.LostError) string {
+	switch l.Reason {
+	case sqllock.LostReleased:
+		return "it was released by someone else (sqllock release --force?)"
+	case sqllock.LostTaken:
+		s := "another holder took the key"
+		if l.Current > 0 {
+			s += fmt.Sprintf(" (token %d)", l.Current)
+		}
+		return s
+	case sqllock.LostExpired:
+		return "it expired before it could be renewed"
+	case sqllock.LostUnreachable:
+		s := "the database could not be reached to renew it before it expired"
+		if l.Err != nil {
+			s += fmt.Sprintf(" (%v)", l.Err)
+		}
+		return s
+	}
+	return l.Error()
+}
+
+// exitStatus is COMMAND's exit status, 128+N if signal N killed it.
+func exitStatus(ps *os.ProcessState, waitErr error) int {
+	if ps == nil {
+		return ExitFailure
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return exitSignalBase + int(ws.Signal())
+	}
+	if code := ps.ExitCode(); code >= 0 {
+		return code
+	}
+	return ExitFailure
+}
+
+func describeStatus(ps *os.ProcessState, waitErr error) string {
+	if ps == nil {
+		return fmt.Sprintf("wait: %v", waitErr)
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return "it died by " + signalName(ws.Signal())
+	}
+	return fmt.Sprintf("it exited with status %d", ps.ExitCode())
+}
+
+func signalName(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGKILL:
+		return "SIGKILL"
+	case syscall.SIGINT:
+		return "SIGINT"
+	}
+	return s.String()
+}
