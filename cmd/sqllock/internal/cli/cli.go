@@ -59,7 +59,7 @@ type env struct {
 	environ        func() []string
 	notify         func(c chan<- os.Signal, sig ...os.Signal)
 	stopNotify     func(c chan<- os.Signal)
-	usages  []usageText
+	usages         []usageText
 	// secrets are redacted from every message; the database resolution adds
 	// the password it found.
 	secrets []string
