@@ -447,7 +447,11 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		l.LocalDeadline = sent.Add(ttl)
 		return l, nil
 	}
-	return sqllock.Lease{}, lostError(l, found, token, held, deadline, now)
+	if lost := lostError(l, found, token, held, deadline, now); lost != nil {
+		return sqllock.Lease{}, lost
+	}
+	return sqllock.Lease{}, fmt.Errorf("sqlite: TryRenew %q: unexpected row (token %d, held %v, deadline %d, now %d)",
+		l.Key, token, held, deadline, now)
 }
 
 // lostError says why lease l is not valid, given the key's row (found,
