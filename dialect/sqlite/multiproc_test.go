@@ -240,7 +240,6 @@ type child struct {
 	cfg    helperConfig
 	cmd    *exec.Cmd
 	stdout *bufio.Reader
-	done   chan error
 }
 
 func startChild(t *testing.T, ctx context.Context, cfg helperConfig) *child {
@@ -254,7 +253,7 @@ func startChild(t *testing.T, ctx context.Context, cfg helperConfig) *child {
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	c := &child{cfg: cfg, cmd: cmd, stdout: bufio.NewReader(out), done: make(chan error, 1)}
+	c := &child{cfg: cfg, cmd: cmd, stdout: bufio.NewReader(out)}
 	return c
 }
 

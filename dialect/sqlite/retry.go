@@ -59,7 +59,7 @@ func (b *Backend) write(ctx context.Context, op func(context.Context) error) err
 		return ctx.Err()
 	}
 	defer func() { <-b.writeSlot }()
-	return b.retry(ctx, op)
+	return b.retry(ctx, b.retryTimeout, op)
 }
 
 // read runs op, a read-only attempt, retrying while the database is busy.
@@ -70,18 +70,18 @@ func (b *Backend) read(ctx context.Context, op func(context.Context) error) erro
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return b.retry(ctx, op)
+	return b.retry(ctx, b.retryTimeout, op)
 }
 
 // maxRowChanges bounds the errRetry loop; the row cannot keep moving back.
 const maxRowChanges = 10
 
 // retry runs op until it returns something other than a busy error, for
-// at most b.retryTimeout, sleeping with full jitter in between. op runs under
+// at most budget, sleeping with full jitter in between. op runs under
 // a context that is never cancelled, so a statement is never interrupted
 // half way and its outcome is always known (see the package doc); ctx is
 // checked between attempts.
-func (b *Backend) retry(ctx context.Context, op func(context.Context) error) error {
+func (b *Backend) retry(ctx context.Context, budget time.Duration, op func(context.Context) error) error {
 	opCtx := context.WithoutCancel(ctx)
 	start := time.Now()
 	changes := 0
@@ -96,7 +96,7 @@ func (b *Backend) retry(ctx context.Context, op func(context.Context) error) err
 		}
 		b.busyRetries.Add(1)
 		waited := time.Since(start)
-		if waited >= b.retryTimeout {
+		if waited >= budget {
 			return &busyError{attempts: attempt, waited: waited, last: err}
 		}
 		// Full jitter over an exponential cap: 1, 2, 4 ... 32 ms.

@@ -87,19 +87,23 @@ type Synchronous string
 const (
 	// SynchronousFull fsyncs the write-ahead log at every commit: a grant
 	// that was reported survives a power cut. It costs one fsync per
-	// acquire, renew and release (BENCH.md: ~2k acquire+release pairs/s).
+	// acquire, renew and release (~1-2k acquire+release pairs/s measured).
 	SynchronousFull Synchronous = "FULL"
 
 	// SynchronousNormal fsyncs only at checkpoints. In WAL mode this is
 	// safe against a crash of the process but not of the machine: a power
 	// cut can lose the last commits, so a grant can be lost after it was
 	// reported, and the same token can then be handed out twice; a fenced
-	// resource would see two holders with one token. About 4× faster than
-	// FULL. Choose it only when the lock table dies with the machine
-	// anyway (a tmpfs) or duplicate tokens after a power cut are
-	// acceptable.
+	// resource would see two holders with one token. It is 4-10× faster
+	// than FULL (BENCH.md, BenchmarkPairs). Choose it only when the lock
+	// table dies with the machine anyway (a tmpfs), or when duplicate
+	// tokens after a power cut are acceptable.
 	SynchronousNormal Synchronous = "NORMAL"
 )
+
+// openTimeout bounds the setup I/O of [Open] and [New] (migrations, the
+// in-memory check), busy retries included, whatever Options.RetryTimeout.
+const openTimeout = 30 * time.Second
 
 // Defaults for the zero [Options].
 const (
@@ -167,7 +171,7 @@ var (
 	_ sqllock.Watcher = (*Backend)(nil)
 )
 
-// options returns o with defaults filled in, validated.
+// resolve returns o with the defaults filled in, validated.
 func (o Options) resolve() (Options, error) {
 	o.Table = cmp.Or(o.Table, migrations.DefaultTable)
 	if err := sqlident.Validate(o.Table); err != nil {
@@ -269,9 +273,9 @@ func Open(path string, opts Options) (*Backend, error) {
 	// Several processes may open a new file at once: the migration is
 	// retried while the database is busy (and migrations.Up reports
 	// success to the loser of a race once everything is applied).
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
-	err = b.retry(ctx, func(ctx context.Context) error {
+	err = b.retry(ctx, openTimeout, func(ctx context.Context) error {
 		return migrations.Up(ctx, migrations.SQLite, db, migrations.Options{Table: o.Table})
 	})
 	if err != nil {
@@ -304,10 +308,10 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b := newBackend(db, o, false)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	var file string
-	err = b.retry(ctx, func(ctx context.Context) error {
+	err = b.retry(ctx, openTimeout, func(ctx context.Context) error {
 		return db.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file)
 	})
 	if err != nil {
