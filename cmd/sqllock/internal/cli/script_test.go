@@ -1,0 +1,203 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/rogpeppe/go-internal/testscript"
+	"go.uber.org/goleak"
+
+	"github.com/ashlock/ashlock/internal/pgtest"
+	"github.com/ashlock/ashlock/migrations"
+)
+
+// TestMain builds nothing: testscript re-executes this test binary as the
+// "sqllock" command (main's exact code path: sqllockMain), and after the
+// tests stops the shared PostgreSQL and checks for leaked goroutines.
+func TestMain(m *testing.M) {
+	testscript.Main(leakCheckedMain{m}, map[string]func(){"sqllock": sqllockMain})
+}
+
+type leakCheckedMain struct{ m *testing.M }
+
+func (l leakCheckedMain) Run() int {
+	code := pgtest.Main(l.m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+// sqllockMain is cmd/sqllock's main.
+func sqllockMain() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const scriptDir = "../../testdata/script"
+
+// TestScriptSQLite runs every script against a SQLite file in $WORK.
+func TestScriptSQLite(t *testing.T) {
+	t.Parallel()
+	testscript.Run(t, scriptParams("sqlite", func(e *testscript.Env) error {
+		e.Setenv(EnvDatabaseURL, "sqlite:"+filepath.Join(e.WorkDir, "locks.db"))
+		return nil
+	}))
+}
+
+// TestScriptPostgres runs every script against a fresh schema of a real
+// PostgreSQL, with the lock table migrated. Without a server the scripts
+// skip, except that they fail when SQLLOCK_REQUIRE_POSTGRES=1 (pgtest).
+func TestScriptPostgres(t *testing.T) {
+	t.Parallel()
+	testscript.Run(t, scriptParams("postgres", func(e *testscript.Env) error {
+		db := pgtest.New(e.T().(testing.TB))
+		sqlDB := stdlib.OpenDBFromPool(db.Pool)
+		defer sqlDB.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := migrations.Up(ctx, migrations.Postgres, sqlDB, migrations.Options{Schema: db.Schema}); err != nil {
+			return err
+		}
+		e.Setenv(EnvDatabaseURL, db.URL)
+		e.Setenv("PGSCHEMA", db.Schema)
+		return nil
+	}))
+}
+
+func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.Params {
+	return testscript.Params{
+		Dir:                 scriptDir,
+		RequireExplicitExec: true,
+		RequireUniqueNames:  true,
+		Setup: func(e *testscript.Env) error {
+			e.Setenv("HOME", filepath.Join(e.WorkDir, "home"))
+			return setup(e)
+		},
+		Condition: func(cond string) (bool, error) {
+			switch cond {
+			case "sqlite", "postgres":
+				return cond == dialect, nil
+			}
+			return false, fmt.Errorf("unknown condition %q", cond)
+		},
+		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
+			"exitcode": cmdExitcode,
+			"waitfile": cmdWaitfile,
+			"gone":     cmdGone,
+		},
+	}
+}
+
+// exitcode N program args...: runs program like exec, and requires its exit
+// status to be N. stdout and stderr are kept for the next stdout/stderr
+// commands.
+func cmdExitcode(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) < 2 {
+		ts.Fatalf("usage: exitcode N program [args...]")
+	}
+	want, err := strconv.Atoi(args[0])
+	if err != nil {
+		ts.Fatalf("exitcode: %v", err)
+	}
+	err = ts.Exec(args[1], args[2:]...)
+	got := 0
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		got = ee.ExitCode()
+	case err != nil:
+		ts.Fatalf("exitcode: %v", err)
+	}
+	if got != want {
+		ts.Fatalf("exit status %d, want %d", got, want)
+	}
+}
+
+// waitfile [-timeout D] file [regexp]: waits until file exists (and its
+// content matches regexp), polling; fails after the timeout (default 15s).
+func cmdWaitfile(ts *testscript.TestScript, neg bool, args []string) {
+	timeout := 15 * time.Second
+	if len(args) >= 2 && args[0] == "-timeout" {
+		d, err := time.ParseDuration(args[1])
+		if err != nil {
+			ts.Fatalf("waitfile: %v", err)
+		}
+		timeout, args = d, args[2:]
+	}
+	if neg || len(args) < 1 || len(args) > 2 {
+		ts.Fatalf("usage: waitfile [-timeout D] file [regexp]")
+	}
+	var re *regexp.Regexp
+	if len(args) == 2 {
+		re = regexp.MustCompile(args[1])
+	}
+	name := ts.MkAbs(args[0])
+	deadline := time.Now().Add(timeout)
+	for {
+		data, err := os.ReadFile(name)
+		if err == nil && (re == nil || re.Match(data)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			ts.Fatalf("waitfile: %s did not appear (or match %v) within %v; content %q", args[0], re, timeout, data)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// gone [-timeout D] pidfile: waits until the process whose pid the file
+// holds no longer exists (or is a zombie of another parent).
+func cmdGone(ts *testscript.TestScript, neg bool, args []string) {
+	timeout := 15 * time.Second
+	if len(args) >= 2 && args[0] == "-timeout" {
+		d, err := time.ParseDuration(args[1])
+		if err != nil {
+			ts.Fatalf("gone: %v", err)
+		}
+		timeout, args = d, args[2:]
+	}
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: gone [-timeout D] pidfile")
+	}
+	pid, err := strconv.Atoi(string(regexp.MustCompile(`\d+`).Find([]byte(ts.ReadFile(args[0])))))
+	if err != nil {
+		ts.Fatalf("gone: %v", err)
+	}
+	deadline := time.Now().Add(timeout)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			ts.Fatalf("gone: process %d still runs after %v", pid, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// alive reports whether pid runs (a zombie counts as gone).
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	m := regexp.MustCompile(`\) (\S)`).FindSubmatch(stat)
+	return m == nil || string(m[1]) != "Z"
+}
