@@ -38,7 +38,7 @@ type testBundle struct {
 
 // newBundle creates a fresh schema with the lock table (as opts names it)
 // and a Backend on it, closed in t.Cleanup before the pool.
-func newBundle(t *testing.T, opts Options) *testBundle {
+func newBundle(t testing.TB, opts Options) *testBundle {
 	t.Helper()
 	db := pgtest.New(t)
 	sqlDB := stdlib.OpenDBFromPool(db.Pool)

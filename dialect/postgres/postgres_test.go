@@ -266,3 +266,39 @@ func TestFailedAcquireWritesNothing(t *testing.T) {
 	require.GreaterOrEqual(t, theirs, int64(n*30), "control: refused upserts should write a lock and a commit record each")
 	require.Less(t, ours*20, theirs, "refused TryAcquire wrote WAL")
 }
+
+// TestReleaseCommitsAsynchronously checks, inside a transaction, that
+// Release (and only Release) turns synchronous_commit off for its own
+// transaction: see releaseSQL for why a release needs no flush.
+func TestReleaseCommitsAsynchronously(t *testing.T) {
+	t.Parallel()
+	for _, opts := range []Options{{}, {DisableNotify: true}} {
+		bundle := newBundle(t, opts)
+		ctx := testCtx(t)
+		setting := func(tx pgx.Tx) string {
+			var s string
+			require.NoError(t, tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&s))
+			return s
+		}
+		tx, err := bundle.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		b, err := newBackend(tx, bundle.db.Pool, opts)
+		require.NoError(t, err)
+		l := acquireOK(t, b, "k", "o1", time.Minute)
+		_, err = b.TryRenew(ctx, l, time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, "on", setting(tx), "acquire and renew must commit synchronously")
+		require.NoError(t, b.Release(ctx, l))
+		require.Equal(t, "off", setting(tx))
+		require.NoError(t, tx.Commit(ctx))
+
+		// Transaction-local: the session is back to its own setting.
+		conn, err := bundle.db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		var s string
+		require.NoError(t, conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&s))
+		conn.Release()
+		require.Equal(t, "on", s)
+	}
+}
