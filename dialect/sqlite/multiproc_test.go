@@ -50,7 +50,8 @@ type helperConfig struct {
 	// transaction on the counter, print "holding <token> <deadline ms>" on
 	// stdout and block until killed (SQ-1k).
 	HoldAt int
-	// Until, if set: keep cycling past Cycles until this file exists.
+	// Until, if set: keep cycling past Cycles until this file exists and
+	// this process was granted a token above the one the file holds.
 	Until string
 }
 
@@ -123,8 +124,12 @@ func runHelper(cfg helperConfig) (rep helperReport, err error) {
 		if cfg.Until == "" {
 			return false
 		}
-		_, err := os.Stat(cfg.Until)
-		return err != nil
+		data, err := os.ReadFile(cfg.Until)
+		if err != nil {
+			return true
+		}
+		above, err := strconv.ParseInt(string(data), 10, 64)
+		return err != nil || len(rep.Grants) == 0 || rep.Grants[len(rep.Grants)-1].Token <= above
 	}
 	for cycle := 1; more(); cycle++ {
 		if ctx.Err() != nil {
@@ -367,8 +372,8 @@ func TestMultiProcessKillHolder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 	defer cancel()
 
-	// The survivors cycle until the victim is dead, so that some of them
-	// are waiting when it dies.
+	// The survivors cycle until the victim is dead and each has held the
+	// key after it, so that they are waiting when it dies.
 	killed := filepath.Join(t.TempDir(), "killed")
 	victim := startChild(t, ctx, helperConfig{Path: path, Proc: 0, Cycles: 1000, TTL: ttl, HoldAt: 10})
 	var children []*child
@@ -386,7 +391,7 @@ func TestMultiProcessKillHolder(t *testing.T) {
 	err = victim.cmd.Wait()
 	var exitErr *exec.ExitError
 	require.ErrorAs(t, err, &exitErr)
-	require.NoError(t, os.WriteFile(killed, nil, 0o644))
+	require.NoError(t, os.WriteFile(killed, []byte(strconv.FormatInt(victimToken, 10)), 0o644))
 
 	var reps []helperReport
 	total := 0
