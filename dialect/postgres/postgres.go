@@ -294,11 +294,11 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	}
 	var (
 		released, valid, held bool
-		current, async, sent  int64
+		current, notified     int64
 		deadline, now         time.Time
 	)
 	err := b.db.QueryRow(ctx, b.releaseSQL, l.Key, l.Token).
-		Scan(&released, &valid, &current, &held, &deadline, &now, &async, &sent)
+		Scan(&released, &valid, &current, &held, &deadline, &now, &notified)
 	if err != nil {
 		return b.translate(ctx, opRelease, l.Key, err)
 	}

@@ -275,14 +275,23 @@ func TestReleaseCommitsAsynchronously(t *testing.T) {
 	for _, opts := range []Options{{}, {DisableNotify: true}} {
 		bundle := newBundle(t, opts)
 		ctx := testCtx(t)
-		setting := func(tx pgx.Tx) string {
+		conn, err := bundle.db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		setting := func(q interface {
+			QueryRow(context.Context, string, ...any) pgx.Row
+		}) string {
 			var s string
-			require.NoError(t, tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&s))
+			require.NoError(t, q.QueryRow(ctx, "SHOW synchronous_commit").Scan(&s))
 			return s
 		}
-		tx, err := bundle.db.Pool.Begin(ctx)
+		session := setting(conn) // test servers may run with it off
+
+		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx)
+		_, err = tx.Exec(ctx, "SET LOCAL synchronous_commit = on")
+		require.NoError(t, err)
 		b, err := newBackend(tx, bundle.db.Pool, opts)
 		require.NoError(t, err)
 		l := acquireOK(t, b, "k", "o1", time.Minute)
@@ -292,13 +301,6 @@ func TestReleaseCommitsAsynchronously(t *testing.T) {
 		require.NoError(t, b.Release(ctx, l))
 		require.Equal(t, "off", setting(tx))
 		require.NoError(t, tx.Commit(ctx))
-
-		// Transaction-local: the session is back to its own setting.
-		conn, err := bundle.db.Pool.Acquire(ctx)
-		require.NoError(t, err)
-		var s string
-		require.NoError(t, conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&s))
-		conn.Release()
-		require.Equal(t, "on", s)
+		require.Equal(t, session, setting(conn), "the setting leaked out of the transaction")
 	}
 }

@@ -107,8 +107,9 @@ LEFT JOIN cur AS c ON true`
 // lease was still valid (deadline > now), the current token, held flag and
 // deadline as the snapshot saw them, and the database time used.
 //
-// It commits asynchronously: set_config('synchronous_commit', 'off', true)
-// lasts until the end of the statement's own transaction. A release needs no
+// It commits asynchronously: set_config('synchronous_commit', 'off', true),
+// in the "now" CTE that every execution evaluates, lasts until the end of
+// the statement's own transaction (SET LOCAL). A release needs no
 // durability: if the server crashes before the WAL writer flushes it (within
 // a few wal_writer_delay, 200 ms by default), the lease comes back as it was
 // and ends at its deadline, as a crashed holder's would; tokens are not
@@ -121,14 +122,15 @@ LEFT JOIN cur AS c ON true`
 //
 // releaseNotifySQL is the same statement plus a pg_notify of the key on the
 // table's channel (channelSQL) when (and only when) a row was released; the
-// notification is delivered when the statement commits. The "notify" and
-// "async" CTEs are SELECTs, so they run only because the final SELECT reads
-// them, in an output column (a LEFT JOIN that reads none of its columns would
-// be removed by the planner, and the notification with it). Both statements
-// return the same columns.
+// notification is delivered when the statement commits. The "notify" CTE
+// is a SELECT, so it runs only because the final SELECT reads it, in an
+// output column (a LEFT JOIN that reads none of its columns would be removed
+// by the planner, and the notification with it). Both statements return the
+// same columns.
 const releaseSQL = `
 WITH now AS MATERIALIZED (
-    SELECT clock_timestamp() AS now
+    SELECT clock_timestamp() AS now,
+           set_config('synchronous_commit', 'off', true) AS async
 ), cur AS MATERIALIZED (
     SELECT token, held, deadline FROM {{table}} WHERE key = $1
 ), upd AS (
@@ -137,8 +139,6 @@ WITH now AS MATERIALIZED (
     FROM now AS n
     WHERE l.key = $1 AND l.token = $2 AND l.held
     RETURNING l.deadline > n.now AS valid
-), async AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true) AS off
 )
 SELECT u.valid IS NOT NULL AS released,
        coalesce(u.valid, false) AS valid,
@@ -146,7 +146,6 @@ SELECT u.valid IS NOT NULL AS released,
        coalesce(c.held, false) AS held,
        coalesce(c.deadline, n.now) AS deadline,
        n.now,
-       (SELECT count(*) FROM async) AS async,
        0::bigint AS notified
 FROM now AS n
 LEFT JOIN upd AS u ON true
@@ -154,7 +153,8 @@ LEFT JOIN cur AS c ON true`
 
 const releaseNotifySQL = `
 WITH now AS MATERIALIZED (
-    SELECT clock_timestamp() AS now
+    SELECT clock_timestamp() AS now,
+           set_config('synchronous_commit', 'off', true) AS async
 ), cur AS MATERIALIZED (
     SELECT token, held, deadline FROM {{table}} WHERE key = $1
 ), upd AS (
@@ -163,8 +163,6 @@ WITH now AS MATERIALIZED (
     FROM now AS n
     WHERE l.key = $1 AND l.token = $2 AND l.held
     RETURNING l.deadline > n.now AS valid
-), async AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true) AS off
 ), notify AS MATERIALIZED (
     SELECT pg_notify('sqllock.' || {{table_literal}}::regclass::oid::text, $1) FROM upd
 )
@@ -174,7 +172,6 @@ SELECT u.valid IS NOT NULL AS released,
        coalesce(c.held, false) AS held,
        coalesce(c.deadline, n.now) AS deadline,
        n.now,
-       (SELECT count(*) FROM async) AS async,
        (SELECT count(*) FROM notify) AS notified
 FROM now AS n
 LEFT JOIN upd AS u ON true
