@@ -1,0 +1,205 @@
+// Command bench measures ashlock against the raw statements of its design
+// (the limit), against other lock libraries and against the machine: run
+// `go run .` in this directory (see README.md).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	quick       bool
+	databaseURL string
+	out         string
+	rounds      int
+	dur         time.Duration
+	conc        []int
+	keys        int
+	only        map[string]bool
+}
+
+func (c *config) want(section string) bool { return len(c.only) == 0 || c.only[section] }
+
+var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "sqlite", "memory"}
+
+func main() {
+	var cfg config
+	var conc, only string
+	flag.BoolVar(&cfg.quick, "quick", false, "a short run (under 2 minutes): 1 round, shorter cells, fewer samples")
+	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL to use (postgres://...); default: start a throwaway server from the local PostgreSQL binaries")
+	flag.StringVar(&cfg.out, "out", "results", "directory for latest.md, latest.json and the chart")
+	flag.IntVar(&cfg.rounds, "rounds", 0, "interleaved rounds per cell (default 3, -quick 1)")
+	flag.DurationVar(&cfg.dur, "duration", 0, "duration of one throughput cell (default 2s, -quick 700ms)")
+	flag.StringVar(&conc, "goroutines", "1,4,16,64", "PostgreSQL concurrencies")
+	flag.IntVar(&cfg.keys, "keys", 10000, "random keys are drawn from this many")
+	flag.StringVar(&only, "only", "", "comma-separated sections to run (default all): "+strings.Join(sections, ","))
+	flag.Parse()
+	if cfg.rounds == 0 {
+		cfg.rounds = 3
+		if cfg.quick {
+			cfg.rounds = 1
+		}
+	}
+	if cfg.dur == 0 {
+		cfg.dur = 2 * time.Second
+		if cfg.quick {
+			cfg.dur = 700 * time.Millisecond
+		}
+	}
+	for _, s := range strings.Split(conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			fatalf("bad -goroutines %q", conc)
+		}
+		cfg.conc = append(cfg.conc, n)
+	}
+	if only != "" {
+		cfg.only = map[string]bool{}
+		for _, s := range strings.Split(only, ",") {
+			if !slices.Contains(sections, s) {
+				fatalf("unknown section %q (want %s)", s, strings.Join(sections, ","))
+			}
+			cfg.only[s] = true
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, &cfg); err != nil {
+		fatalf("%v", err)
+	}
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+	os.Exit(1)
+}
+
+var startTime = time.Now()
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(startTime).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func run(ctx context.Context, cfg *config) (err error) {
+	rep := &Report{Started: startTime.UTC(), Quick: cfg.quick, Rounds: cfg.rounds, CellSeconds: cfg.dur.Seconds(), Keys: cfg.keys}
+	needPG := false
+	for _, s := range []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal"} {
+		needPG = needPG || cfg.want(s)
+	}
+	tmp, err := os.MkdirTemp("", "ashlock-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+
+	var pe *pgEnv
+	if needPG {
+		url := cfg.databaseURL
+		if url == "" {
+			srv, err := startPG(ctx, logf)
+			if err != nil {
+				return err
+			}
+			defer srv.stop()
+			url = srv.url
+			rep.Env.PGDataDir = srv.dataDir
+		}
+		pe, err = setupPG(ctx, url, slices.Max(cfg.conc), cfg.keys)
+		if err != nil {
+			return fmt.Errorf("set up PostgreSQL: %w", err)
+		}
+		defer pe.close(context.Background(), cfg.databaseURL != "")
+	}
+	rep.Env = describeEnv(ctx, pe, tmp, rep.Env.PGDataDir)
+	logf("machine: %s", rep.Env.summary())
+
+	if cfg.want("pg") {
+		m := pe.throughput(cfg)
+		if err := m.run(ctx, logf); err != nil {
+			return err
+		}
+		rep.addMatrix(m, pgRatios)
+	}
+	if cfg.want("hotkey") {
+		m, err := pe.hotKey(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("hot key: %w", err)
+		}
+		if err := m.run(ctx, logf); err != nil {
+			return err
+		}
+		rep.addMatrix(m, nil)
+	}
+	if cfg.want("handoff") {
+		if rep.Handoff, err = pe.handoff(ctx, cfg); err != nil {
+			return fmt.Errorf("handoff: %w", err)
+		}
+	}
+	if cfg.want("takeover") {
+		if rep.Takeover, err = takeover(ctx, cfg, pe, tmp); err != nil {
+			return fmt.Errorf("takeover: %w", err)
+		}
+	}
+	if cfg.want("async") {
+		if rep.Async, err = pe.asyncRelease(ctx, cfg); err != nil {
+			return fmt.Errorf("async release: %w", err)
+		}
+	}
+	if cfg.want("renewal") {
+		if rep.Renewal, err = pe.renewal(ctx, cfg); err != nil {
+			return fmt.Errorf("renewal: %w", err)
+		}
+	}
+	if cfg.want("sqlite") {
+		m, err := sqliteMatrix(ctx, cfg, tmp)
+		if err != nil {
+			return fmt.Errorf("sqlite: %w", err)
+		}
+		if err := m.run(ctx, logf); err != nil {
+			return err
+		}
+		rep.addMatrix(m, sqliteRatios)
+	}
+	if cfg.want("memory") {
+		m := memoryMatrix(cfg)
+		if err := m.run(ctx, logf); err != nil {
+			return err
+		}
+		rep.addMatrix(m, memoryRatios)
+	}
+	rep.Seconds = time.Since(startTime).Seconds()
+	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+		return err
+	}
+	md := rep.markdown()
+	fmt.Print(md)
+	if err := os.WriteFile(filepath.Join(cfg.out, "latest.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	if err := rep.writeJSON(filepath.Join(cfg.out, "latest.json")); err != nil {
+		return err
+	}
+	if err := rep.chart(filepath.Join(cfg.out, chartFile)); err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	logf("done in %s; wrote %s/latest.md, latest.json, %s", time.Since(startTime).Round(time.Second), cfg.out, chartFile)
+	return nil
+}
+
+// warmup is how long each contender runs, unmeasured, before a matrix.
+func (c *config) warmup() time.Duration {
+	if c.quick {
+		return 200 * time.Millisecond
+	}
+	return 400 * time.Millisecond
+}

@@ -1,0 +1,457 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Report is everything one run measured; latest.json is this, encoded.
+type Report struct {
+	Started     time.Time    `json:"started"`
+	Seconds     float64      `json:"seconds"`
+	Quick       bool         `json:"quick"`
+	Rounds      int          `json:"rounds"`
+	CellSeconds float64      `json:"cell_seconds"`
+	Keys        int          `json:"keys"`
+	Env         Env          `json:"env"`
+	Cells       []Cell       `json:"cells"`
+	Ratios      []Ratio      `json:"ratios"`
+	Handoff     []Latency    `json:"handoff,omitempty"`
+	Takeover    []Latency    `json:"takeover,omitempty"`
+	Async       *AsyncResult `json:"async_release,omitempty"`
+	Renewal     []Renewal    `json:"renewal,omitempty"`
+
+	ratioIndex map[string]float64
+}
+
+var (
+	pgRatios = [][2]string{
+		{"backend", "raw"}, {"backend-nonotify", "raw"}, {"client", "raw"}, {"pglock", "raw"}, {"advisory", "raw"},
+		{"backend", "pglock"}, {"client", "pglock"}, {"backend", "advisory"}, {"client", "advisory"}, {"backend", "backend-nonotify"},
+	}
+	sqliteRatios = [][2]string{{"ashlock-FULL", "raw-FULL"}, {"ashlock-NORMAL", "raw-NORMAL"}, {"ashlock-NORMAL", "flock"}, {"ashlock-FULL", "flock"}}
+	memoryRatios = [][2]string{{"ashlock-memory", "mutex-map"}}
+)
+
+func ratioKey(section, a, b string, g int) string {
+	return fmt.Sprintf("%s|%s|%s|%d", section, a, b, g)
+}
+
+func (r *Report) addMatrix(m *matrix, pairs [][2]string) {
+	r.Cells = append(r.Cells, m.cells()...)
+	for _, g := range m.conc {
+		for _, p := range pairs {
+			r.addRatio(Ratio{Section: m.section, A: p[0], B: p[1], Goroutines: g, AOverB: m.ratio(p[0], p[1], g)})
+		}
+	}
+}
+
+func (r *Report) addRatio(x Ratio) {
+	if r.ratioIndex == nil {
+		r.ratioIndex = map[string]float64{}
+	}
+	r.Ratios = append(r.Ratios, x)
+	r.ratioIndex[ratioKey(x.Section, x.A, x.B, x.Goroutines)] = x.AOverB
+}
+
+func (r *Report) ratio(section, a, b string, g int) float64 {
+	v, ok := r.ratioIndex[ratioKey(section, a, b, g)]
+	if !ok {
+		return math.NaN()
+	}
+	return v
+}
+
+func (r *Report) cell(section, contender string, g int) (Cell, bool) {
+	for _, c := range r.Cells {
+		if c.Section == section && c.Contender == contender && c.Goroutines == g {
+			return c, true
+		}
+	}
+	return Cell{}, false
+}
+
+func (r *Report) concs(section string) []int {
+	var gs []int
+	for _, c := range r.Cells {
+		if c.Section == section && !slices.Contains(gs, c.Goroutines) {
+			gs = append(gs, c.Goroutines)
+		}
+	}
+	slices.Sort(gs)
+	return gs
+}
+
+func (r *Report) writeJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+var names = map[string]string{
+	"pg|raw":              "raw two statements via pgx (the limit)",
+	"pg|backend":          "ashlock Backend (TryAcquire + Release)",
+	"pg|backend-nonotify": "ashlock Backend, DisableNotify",
+	"pg|client":           "ashlock Client + Guard",
+	"pg|pglock":           "cirello.io/pglock v1.16.1",
+	"pg|advisory":         "pg_try_advisory_lock + unlock (no durability, no fencing)",
+
+	"hotkey|backend":    "ashlock TryAcquire",
+	"hotkey|raw-upsert": "raw INSERT … ON CONFLICT DO UPDATE … WHERE",
+	"hotkey|raw-update": "raw conditional UPDATE",
+	"hotkey|pglock":     "pglock, FailIfLocked",
+	"hotkey|advisory":   "pg_try_advisory_lock",
+
+	"async|raw":                "raw pair, durable release",
+	"async|raw-async-stmt":     "raw pair, release with set_config in the statement",
+	"async|raw-async-session":  "raw pair, release on a synchronous_commit=off pool",
+	"async|backend":            "ashlock Backend (durable release)",
+	"async|backend-async-stmt": "ashlock acquire + its release statement with set_config",
+
+	"sqlite|ashlock-FULL":   "ashlock SQLite, synchronous=FULL",
+	"sqlite|raw-FULL":       "raw two statements, FULL",
+	"sqlite|ashlock-NORMAL": "ashlock SQLite, synchronous=NORMAL",
+	"sqlite|raw-NORMAL":     "raw two statements, NORMAL",
+	"sqlite|flock":          "flock(2) lock + unlock (256 files)",
+
+	"memory|ashlock-memory": "ashlock memory Backend",
+	"memory|mutex-map":      "mutex-guarded map",
+}
+
+func name(section, c string) string {
+	if n, ok := names[section+"|"+c]; ok {
+		return n
+	}
+	return c
+}
+
+// num formats a rate: thousands separators, no decimals above 100.
+func num(f float64) string {
+	switch {
+	case math.IsNaN(f):
+		return "–"
+	case f >= 100:
+		s := fmt.Sprintf("%.0f", f)
+		var b strings.Builder
+		for i, c := range s {
+			if i > 0 && (len(s)-i)%3 == 0 {
+				b.WriteByte(',')
+			}
+			b.WriteRune(c)
+		}
+		return b.String()
+	case f >= 10:
+		return fmt.Sprintf("%.1f", f)
+	default:
+		return fmt.Sprintf("%.2f", f)
+	}
+}
+
+func ratioStr(f float64) string {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return "–"
+	}
+	if f >= 10 {
+		return fmt.Sprintf("%.0f×", f)
+	}
+	return fmt.Sprintf("%.2f×", f)
+}
+
+func msStr(usec float64) string {
+	if usec == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", usec/1000)
+}
+
+func ptr(p *float64, format string) string {
+	if p == nil {
+		return "–"
+	}
+	return fmt.Sprintf(format, *p)
+}
+
+func (r *Report) markdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	mode := "default run"
+	if r.Quick {
+		mode = "`-quick` run"
+	}
+	w("# ashlock benchmarks\n\n")
+	w("`cd bench && go run .` (%s): %d interleaved round(s), %.1f s per throughput cell, random keys from %s; took %s; started %s.\n\n",
+		mode, r.Rounds, r.CellSeconds, num(float64(r.Keys)), (time.Duration(r.Seconds) * time.Second).Round(time.Second), r.Started.Format("2006-01-02 15:04 UTC"))
+	e := r.Env
+	w("- **Machine**: %d CPUs (%s), %.1f GiB RAM, Linux %s; temp and data directories on %s, where one 8 KiB write + fdatasync at a time runs %s/s.\n",
+		e.CPUs, e.CPUModel, e.MemoryGiB, e.Kernel, e.TempFS, num(e.Fdatasyncs))
+	w("- **Versions**: Go %s; PostgreSQL %s; SQLite %s (modernc.org/sqlite %s); pgx %s; cirello.io/pglock %s (on lib/pq %s, the driver its `New` requires).\n",
+		strings.TrimPrefix(e.Go, "go"), orDash(e.PGVersion), e.SQLiteVersion, e.Modules["modernc.org/sqlite"], e.Modules["github.com/jackc/pgx/v5"], e.Modules["cirello.io/pglock"], e.Modules["github.com/lib/pq"])
+	if len(e.PGSettings) > 0 {
+		var kv []string
+		for _, k := range pgSettingNames {
+			if v, ok := e.PGSettings[k]; ok {
+				kv = append(kv, k+"="+v)
+			}
+		}
+		w("- **PostgreSQL settings** (server defaults; the throwaway server only sets listen address, port and max_connections): %s.\n", strings.Join(kv, ", "))
+	}
+	w("- **SQLite**: WAL journal, busy_timeout 10 ms, one connection per database (as `sqlite.Open`), synchronous as stated.\n")
+	w("\nRates are medians over rounds; a ratio is the median of the per-round ratios (every round runs all contenders back to back, in rotated order, so drift on this shared machine hits them alike); p50/p99 pool the latencies of all rounds.\n")
+
+	if gs := r.concs("pg"); len(gs) > 0 {
+		w("\n## PostgreSQL: acquire + release pairs/s\n\nEach pair is a TryAcquire of a random key (of %s, all present and released) and its Release; 30 s TTL; one pgx pool (max %d connections) for ashlock, the raw statements and the advisory locks; pglock on its own `database/sql` pool.\n\n", num(float64(r.Keys)), slices.Max(gs))
+		w("| contender | %s |\n|---|%s\n", cols(gs, "", false), strings.Repeat("--:|", len(gs)))
+		order := []string{"raw", "backend", "backend-nonotify", "client", "pglock", "advisory"}
+		for _, c := range order {
+			w("| %s |", name("pg", c))
+			for _, g := range gs {
+				cell, ok := r.cell("pg", c, g)
+				if !ok {
+					w(" – |")
+					continue
+				}
+				if c == "raw" {
+					w(" **%s** |", num(cell.OpsPerSec))
+				} else {
+					w(" %s (%s) |", num(cell.OpsPerSec), ratioStr(r.ratio("pg", c, "raw", g)))
+				}
+			}
+			w("\n")
+		}
+		w("\nIn parentheses: the ratio to the raw two statements in the same rounds.\n\n")
+		w("Latency of one pair, p50 / p99 in ms:\n\n| contender | %s |\n|---|%s\n", cols(gs, "", true), strings.Repeat("--:|", len(gs)))
+		for _, c := range order {
+			w("| %s |", name("pg", c))
+			for _, g := range gs {
+				cell, _ := r.cell("pg", c, g)
+				w(" %s / %s |", msStr(cell.P50us), msStr(cell.P99us))
+			}
+			w("\n")
+		}
+		w("\nRatios and targets (BENCH.md):\n\n| comparison | %s | target |\n|---|%s--|\n", cols(gs, "", true), strings.Repeat("--:|", len(gs)))
+		for _, p := range []struct{ a, b, target string }{
+			{"backend", "raw", "≥ 0.9× at 1, 4, 16"}, {"client", "raw", "≥ 0.9× at 1, 4, 16"}, {"backend-nonotify", "raw", ""},
+			{"backend", "pglock", "≥ 2× at every concurrency"}, {"client", "pglock", "≥ 2× at every concurrency"},
+			{"backend", "advisory", ""}, {"client", "advisory", ""}, {"backend", "backend-nonotify", ""},
+		} {
+			w("| %s / %s |", shortName(p.a), shortName(p.b))
+			for _, g := range gs {
+				w(" %s |", ratioStr(r.ratio("pg", p.a, p.b, g)))
+			}
+			w(" %s |\n", p.target)
+		}
+		w("\nCost per pair (medians over rounds; statements counted by a pgx tracer, WAL from `pg_current_wal_insert_lsn()`, transaction ids from `pg_current_snapshot()`):\n\n| contender | goroutines | statements | WAL bytes | xids |\n|---|--:|--:|--:|--:|\n")
+		for _, c := range order {
+			for _, g := range []int{gs[0], gs[len(gs)-1]} {
+				cell, _ := r.cell("pg", c, g)
+				st := ptr(cell.StatementsPerOp, "%.2f")
+				if c == "pglock" {
+					st = "(5 by its code: nextval + upsert, heartbeat nextval + update, delete)"
+				}
+				w("| %s | %d | %s | %s | %s |\n", name("pg", c), g, st, ptr(cell.WALBytesPerOp, "%.0f"), ptr(cell.XIDsPerOp, "%.2f"))
+			}
+		}
+		w("\nChart: [`%s`](%s) (pairs/s against goroutines, log scales).\n", chartFile, chartFile)
+	}
+
+	if gs := r.concs("hotkey"); len(gs) > 0 {
+		w("\n## Hot key: TryAcquire on a key someone else holds\n\nEvery attempt fails. What a waiter polling a hot key costs the database:\n\n")
+		w("| attempt | %s | p50 at %d (ms) | WAL bytes / attempt | xids / attempt |\n|---|%s--:|--:|--:|\n", cols(gs, ", attempts/s", false), gs[0], strings.Repeat("--:|", len(gs)))
+		for _, c := range []string{"backend", "raw-update", "raw-upsert", "pglock", "advisory"} {
+			w("| %s |", name("hotkey", c))
+			var first Cell
+			for i, g := range gs {
+				cell, _ := r.cell("hotkey", c, g)
+				if i == 0 {
+					first = cell
+				}
+				w(" %s |", num(cell.OpsPerSec))
+			}
+			w(" %s | %s | %s |\n", msStr(first.P50us), ptr(first.WALBytesPerOp, "%.1f"), ptr(first.XIDsPerOp, "%.3f"))
+		}
+		w("\nTarget: a contended TryAcquire writes no WAL and assigns no transaction id (WAL and xids are measured at %d goroutine%s; background activity such as autovacuum can add a little).\n", gs[0], plural(gs[0]))
+	}
+
+	if len(r.Handoff) > 0 {
+		w("\n## Handoff: release → a waiting Acquire holds\n\nThe holder releases after holding 20–120 ms while the waiter waits in `Acquire` (holder and waiter each have their own pool and client); the time runs from just before the holder's Release to the waiter's Acquire returning.\n\n| waiter | n | p50 ms | p90 ms | p99 ms | max ms | note |\n|---|--:|--:|--:|--:|--:|---|\n")
+		for _, l := range r.Handoff {
+			w("| %s | %d | %.2f | %.2f | %.2f | %.2f | %s |\n", l.Name, l.N, l.P50ms, l.P90ms, l.P99ms, l.MaxMs, l.Note)
+		}
+		w("\nTarget (PostgreSQL, with notifications): p50 ≤ 5 ms, p99 ≤ 50 ms. With %d samples, p99 is close to the maximum.\n", r.Handoff[0].N)
+	}
+	if len(r.Takeover) > 0 {
+		w("\n## Takeover after a crashed holder\n\nA holder takes the key with a %v lease and never renews or releases it; a waiter calls `Acquire` 30 ms later. Sample: the new lease's grant time minus the old lease's deadline, both by the backend's clock.\n\n| backend | n | p50 ms | p90 ms | max ms |\n|---|--:|--:|--:|--:|\n", takeoverTTL)
+		for _, l := range r.Takeover {
+			w("| %s | %d | %.2f | %.2f | %.2f |\n", l.Name, l.N, l.P50ms, l.P90ms, l.MaxMs)
+		}
+		w("\nTarget: ≤ database deadline + one poll interval + one round trip. The waiter sleeps at most the holder's remaining lease (read in its failed attempt), so it retries right at the deadline.\n")
+	}
+	if a := r.Async; a != nil {
+		gs := concsOf(a.Cells)
+		w("\n## Asynchronous release (experiment)\n\nThe release's commit made asynchronous (`synchronous_commit = off` for that one transaction); the acquire stays durable. One statement, one round trip either way.\n\n")
+		w("| pair | %s |\n|---|%s\n", cols(gs, "", true), strings.Repeat("--:|", len(gs)))
+		idx := map[string]float64{}
+		for _, x := range a.Ratios {
+			idx[ratioKey("", x.A, x.B, x.Goroutines)] = x.AOverB
+		}
+		for _, c := range []string{"raw", "raw-async-stmt", "raw-async-session", "backend", "backend-async-stmt"} {
+			w("| %s |", name("async", c))
+			for _, g := range gs {
+				cell := findCell(a.Cells, c, g)
+				switch c {
+				case "raw", "backend":
+					w(" %s |", num(cell.OpsPerSec))
+				case "backend-async-stmt":
+					w(" %s (%s; %s raw) |", num(cell.OpsPerSec), ratioStr(idx[ratioKey("", c, "backend", g)]), ratioStr(idx[ratioKey("", c, "raw", g)]))
+				default:
+					w(" %s (%s) |", num(cell.OpsPerSec), ratioStr(idx[ratioKey("", c, "raw", g)]))
+				}
+			}
+			w("\n")
+		}
+		w("\nIn parentheses: the ratio to the durable variant of the same pair in the same rounds.\n\nDoes it take effect? One connection, pairs one after another; WAL syncs from `pg_stat_wal.wal_sync` (all processes, the WAL writer's background flushes included); \"unflushed\": right after the release's reply, another connection found `pg_current_wal_flush_lsn()` behind `pg_current_wal_insert_lsn()`, i.e. the release's commit record was not yet on disk:\n\n| release | pairs | WAL syncs / pair | unflushed after release | release p50 µs | release p99 µs | `synchronous_commit` on that connection afterwards |\n|---|--:|--:|--:|--:|--:|---|\n")
+		for _, c := range a.Checks {
+			w("| %s | %d | %.2f | %.0f%% | %.0f | %.0f | %s |\n", c.Variant, c.Pairs, c.WALSyncsPerPair, c.UnflushedPct, c.ReleaseP50us, c.ReleaseP99us, c.SessionSetting)
+		}
+		w("\nThe statement used for ashlock (its release statement with one line changed):\n\n```sql\nWITH now AS MATERIALIZED (\n    SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true) AS async\n), cur AS MATERIALIZED ( ... as today ... )\n```\n")
+		for _, n := range a.Notes {
+			w("\n%s\n", n)
+		}
+	}
+	if len(r.Renewal) > 0 {
+		w("\n## Renewal load: one process holding many leases\n\nOne Client, TTL %.0f s, the Guards renew every %.0f s (TTL/3); measured over %.0f s after all leases are held.\n\n", r.Renewal[0].TTLSeconds, r.Renewal[0].RenewSeconds, r.Renewal[0].WindowSeconds)
+		w("| leases | statements/s sent | write xacts/s (xids) | xact_commit/s (pg_stat_database) | client CPU, %% of one core | client CPU µs / renewal | heap KiB / lease | leases lost |\n|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		for _, x := range r.Renewal {
+			w("| %s | %s | %s | %s | %.1f | %.0f | %.2f | %d |\n", num(float64(x.Leases)), num(x.StatementsPerS), num(x.XIDsPerS), num(x.XactCommitsPerS), x.ClientCPUPct, x.CPUusPerRenewal, x.HeapKiBPerLease, x.Lost)
+		}
+	}
+	if gs := r.concs("sqlite"); len(gs) > 0 {
+		w("\n## SQLite: acquire + release pairs/s\n\n| contender | %s | p50 at 1 (ms) |\n|---|%s--:|\n", cols(gs, "", false), strings.Repeat("--:|", len(gs)))
+		for _, c := range []string{"raw-FULL", "ashlock-FULL", "raw-NORMAL", "ashlock-NORMAL", "flock"} {
+			w("| %s |", name("sqlite", c))
+			var first Cell
+			for i, g := range gs {
+				cell, _ := r.cell("sqlite", c, g)
+				if i == 0 {
+					first = cell
+				}
+				switch c {
+				case "ashlock-FULL":
+					w(" %s (%s) |", num(cell.OpsPerSec), ratioStr(r.ratio("sqlite", c, "raw-FULL", g)))
+				case "ashlock-NORMAL":
+					w(" %s (%s) |", num(cell.OpsPerSec), ratioStr(r.ratio("sqlite", c, "raw-NORMAL", g)))
+				default:
+					w(" %s |", num(cell.OpsPerSec))
+				}
+			}
+			w(" %s |\n", msStr(first.P50us))
+		}
+		w("\nIn parentheses: the ratio to the raw statements at the same synchronous level, same rounds (target ≥ 0.9×). All goroutines share the process's one connection.\n")
+	}
+	if gs := r.concs("memory"); len(gs) > 0 {
+		w("\n## Memory: acquire + release pairs/s\n\n| contender | %s | allocs / pair at 1 |\n|---|%s--:|\n", cols(gs, "", false), strings.Repeat("--:|", len(gs)))
+		for _, c := range []string{"mutex-map", "ashlock-memory"} {
+			w("| %s |", name("memory", c))
+			var first Cell
+			for i, g := range gs {
+				cell, _ := r.cell("memory", c, g)
+				if i == 0 {
+					first = cell
+				}
+				if c == "ashlock-memory" {
+					w(" %s (%s) |", num(cell.OpsPerSec), ratioStr(r.ratio("memory", c, "mutex-map", g)))
+				} else {
+					w(" %s |", num(cell.OpsPerSec))
+				}
+			}
+			w(" %s |\n", ptr(first.AllocsPerOp, "%.2f"))
+		}
+		w("\nTarget: ≥ 1M pairs/s on one goroutine, ≤ 2 allocs per pair.\n")
+	}
+	var errs []string
+	for _, c := range r.Cells {
+		if c.Errors > 0 {
+			errs = append(errs, fmt.Sprintf("%s/%s/%d: %d errors, first: %s", c.Section, c.Contender, c.Goroutines, c.Errors, c.FirstError))
+		}
+	}
+	if len(errs) > 0 {
+		w("\n## Errors during the run\n\n")
+		for _, e := range errs {
+			w("- %s\n", e)
+		}
+	}
+	return b.String()
+}
+
+func shortName(c string) string {
+	switch c {
+	case "raw":
+		return "raw"
+	case "backend":
+		return "ashlock Backend"
+	case "backend-nonotify":
+		return "ashlock Backend (DisableNotify)"
+	case "client":
+		return "ashlock Client"
+	case "pglock":
+		return "pglock"
+	case "advisory":
+		return "advisory"
+	}
+	return c
+}
+
+// cols is a header row's cells for the concurrencies: "1 goroutine | 4
+// goroutines" with suffix appended to each, or bare numbers with bare set.
+func cols(gs []int, suffix string, bare bool) string {
+	var parts []string
+	for _, g := range gs {
+		if bare {
+			parts = append(parts, fmt.Sprint(g))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d goroutine%s%s", g, plural(g), suffix))
+		}
+	}
+	return strings.Join(parts, " | ")
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "–"
+	}
+	return s
+}
+
+func concsOf(cells []Cell) []int {
+	var gs []int
+	for _, c := range cells {
+		if !slices.Contains(gs, c.Goroutines) {
+			gs = append(gs, c.Goroutines)
+		}
+	}
+	slices.Sort(gs)
+	return gs
+}
+
+func findCell(cells []Cell, contender string, g int) Cell {
+	for _, c := range cells {
+		if c.Contender == contender && c.Goroutines == g {
+			return c
+		}
+	}
+	return Cell{OpsPerSec: math.NaN()}
+}

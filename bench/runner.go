@@ -1,0 +1,287 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// pairFunc makes one attempt: acquire and, when granted, release. It reports
+// whether it held the lock (false: the key was busy).
+type pairFunc func(ctx context.Context) (held bool, err error)
+
+// contender is one way of taking locks. newWorker builds the per-goroutine
+// state (its random source, owner name, connection...).
+type contender struct {
+	name      string
+	newWorker func(id int, rng *rand.Rand) pairFunc
+}
+
+// probe reads counters around a cell (WAL position, transaction ids,
+// statements sent); nil when not applicable.
+type probe interface {
+	read(ctx context.Context) counters
+}
+
+type counters struct {
+	walBytes   float64 // pg_current_wal_insert_lsn() in bytes
+	xids       float64 // next transaction id
+	statements float64 // statements sent through the pgx pools
+	ok         bool
+}
+
+// cellRun is one contender at one concurrency in one round.
+type cellRun struct {
+	ops      uint64 // successful pairs (or attempts, for hot-key cells)
+	busy     uint64
+	errs     uint64
+	firstErr error
+	elapsed  time.Duration
+	lat      *hist
+	mallocs  uint64
+	delta    counters
+}
+
+func (r cellRun) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
+
+// runCell runs c with g goroutines for d. countBusy counts busy attempts as
+// operations (hot-key cells measure failed attempts).
+func runCell(ctx context.Context, c contender, g int, d time.Duration, seed uint64, pr probe, recordLatency, countBusy bool) cellRun {
+	workers := make([]pairFunc, g)
+	for i := range workers {
+		workers[i] = c.newWorker(i, rand.New(rand.NewPCG(seed, uint64(i)*0x9e3779b97f4a7c15+1)))
+	}
+	var (
+		stop     atomic.Bool
+		ops      atomic.Uint64
+		busy     atomic.Uint64
+		errs     atomic.Uint64
+		errOnce  sync.Once
+		firstErr error
+		wg       sync.WaitGroup
+		start    = make(chan struct{})
+		hists    = make([]*hist, g)
+	)
+	for i := range workers {
+		if recordLatency {
+			hists[i] = new(hist)
+		}
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			f, h := workers[i], hists[i]
+			var n, nb uint64
+			<-start
+			for !stop.Load() {
+				var t0 time.Time
+				if h != nil {
+					t0 = time.Now()
+				}
+				held, err := f(ctx)
+				switch {
+				case err != nil:
+					errs.Add(1)
+					errOnce.Do(func() { firstErr = err })
+					if ctx.Err() != nil {
+						return
+					}
+					time.Sleep(time.Millisecond)
+				case held || countBusy:
+					n++
+					if h != nil {
+						h.add(time.Since(t0))
+					}
+					if !held {
+						nb++
+					}
+				default:
+					nb++
+				}
+			}
+			ops.Add(n)
+			busy.Add(nb)
+		}(i)
+	}
+	var before, after counters
+	if pr != nil {
+		before = pr.read(ctx)
+	}
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	t0 := time.Now()
+	close(start)
+	timer := time.AfterFunc(d, func() { stop.Store(true) })
+	wg.Wait()
+	elapsed := time.Since(t0)
+	timer.Stop()
+	runtime.ReadMemStats(&ms1)
+	if pr != nil {
+		after = pr.read(ctx)
+	}
+	r := cellRun{ops: ops.Load(), busy: busy.Load(), errs: errs.Load(), firstErr: firstErr, elapsed: elapsed, mallocs: ms1.Mallocs - ms0.Mallocs}
+	if recordLatency {
+		r.lat = new(hist)
+		for _, h := range hists {
+			r.lat.merge(h)
+		}
+	}
+	if before.ok && after.ok {
+		r.delta = counters{walBytes: after.walBytes - before.walBytes, xids: after.xids - before.xids, statements: after.statements - before.statements, ok: true}
+	}
+	return r
+}
+
+// Cell is the result of one contender at one concurrency over all rounds.
+type Cell struct {
+	Section    string    `json:"section"`
+	Contender  string    `json:"contender"`
+	Goroutines int       `json:"goroutines"`
+	PerRound   []float64 `json:"ops_per_sec_per_round"`
+	OpsPerSec  float64   `json:"ops_per_sec_median"`
+	P50us      float64   `json:"p50_us,omitempty"`
+	P99us      float64   `json:"p99_us,omitempty"`
+	// Per operation, medians over rounds (PostgreSQL cells only).
+	WALBytesPerOp   *float64 `json:"wal_bytes_per_op,omitempty"`
+	XIDsPerOp       *float64 `json:"xids_per_op,omitempty"`
+	StatementsPerOp *float64 `json:"pgx_statements_per_op,omitempty"`
+	AllocsPerOp     *float64 `json:"allocs_per_op,omitempty"`
+	Busy            uint64   `json:"busy_attempts,omitempty"`
+	Errors          uint64   `json:"errors,omitempty"`
+	FirstError      string   `json:"first_error,omitempty"`
+}
+
+// matrix runs contenders × concurrencies for a number of rounds,
+// interleaved: each round runs every cell once, the contenders in an order
+// rotated by the round, so that drift on a noisy machine hits them alike.
+type matrix struct {
+	section       string
+	contenders    []contender
+	conc          []int
+	rounds        int
+	dur           time.Duration
+	probe         probe
+	latency       bool
+	countBusy     bool
+	allocs        bool
+	statementsPer bool // the probe's statement count is meaningful for these contenders
+	noStatements  map[string]bool
+	warmup        time.Duration
+
+	runs map[string]map[int][]cellRun // contender → goroutines → rounds
+}
+
+func (m *matrix) run(ctx context.Context, logf func(string, ...any)) error {
+	m.runs = map[string]map[int][]cellRun{}
+	for _, c := range m.contenders {
+		m.runs[c.name] = map[int][]cellRun{}
+	}
+	// Warm-up, discarded: opens every pool's connections and prepares the
+	// statements, so that the first measured cell pays for neither.
+	if m.warmup > 0 {
+		for _, c := range m.contenders {
+			runCell(ctx, c, slices.Max(m.conc), m.warmup, 7, nil, false, m.countBusy)
+		}
+	}
+	for r := 0; r < m.rounds; r++ {
+		for _, g := range m.conc {
+			n := len(m.contenders)
+			for k := range n {
+				c := m.contenders[(k+r)%n]
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				res := runCell(ctx, c, g, m.dur, uint64(r*1000+g), m.probe, m.latency, m.countBusy)
+				m.runs[c.name][g] = append(m.runs[c.name][g], res)
+				msg := fmt.Sprintf("%s r%d g=%-3d %-34s %10.0f/s", m.section, r+1, g, c.name, res.rate())
+				if res.lat != nil {
+					msg += fmt.Sprintf("  p50 %7.0fµs p99 %7.0fµs", us(res.lat.quantile(0.5)), us(res.lat.quantile(0.99)))
+				}
+				if res.errs > 0 {
+					msg += fmt.Sprintf("  errors %d (%v)", res.errs, res.firstErr)
+				}
+				logf("%s", msg)
+			}
+		}
+	}
+	return nil
+}
+
+func (m *matrix) cells() []Cell {
+	var out []Cell
+	for _, c := range m.contenders {
+		for _, g := range m.conc {
+			runs := m.runs[c.name][g]
+			if len(runs) == 0 {
+				continue
+			}
+			cell := Cell{Section: m.section, Contender: c.name, Goroutines: g}
+			var wal, xid, st, al []float64
+			lat := new(hist)
+			for _, r := range runs {
+				cell.PerRound = append(cell.PerRound, r.rate())
+				cell.Busy += r.busy
+				cell.Errors += r.errs
+				if r.firstErr != nil && cell.FirstError == "" {
+					cell.FirstError = r.firstErr.Error()
+				}
+				if r.lat != nil {
+					lat.merge(r.lat)
+				}
+				if r.ops > 0 {
+					al = append(al, float64(r.mallocs)/float64(r.ops))
+					if r.delta.ok {
+						wal = append(wal, r.delta.walBytes/float64(r.ops))
+						xid = append(xid, r.delta.xids/float64(r.ops))
+						st = append(st, r.delta.statements/float64(r.ops))
+					}
+				}
+			}
+			cell.OpsPerSec = median(cell.PerRound)
+			if lat.n > 0 {
+				cell.P50us = us(lat.quantile(0.5))
+				cell.P99us = us(lat.quantile(0.99))
+			}
+			if len(wal) > 0 {
+				w, x := median(wal), median(xid)
+				cell.WALBytesPerOp, cell.XIDsPerOp = &w, &x
+				if m.statementsPer && !m.noStatements[c.name] {
+					s := median(st)
+					cell.StatementsPerOp = &s
+				}
+			}
+			if m.allocs && len(al) > 0 {
+				a := median(al)
+				cell.AllocsPerOp = &a
+			}
+			out = append(out, cell)
+		}
+	}
+	return out
+}
+
+// ratio is the median over rounds of a's rate divided by b's rate in the
+// same round, at g goroutines: the interleaved comparison.
+func (m *matrix) ratio(a, b string, g int) float64 {
+	ra, rb := m.runs[a][g], m.runs[b][g]
+	var xs []float64
+	for i := range min(len(ra), len(rb)) {
+		if rb[i].rate() > 0 {
+			xs = append(xs, ra[i].rate()/rb[i].rate())
+		}
+	}
+	return median(xs)
+}
+
+// Ratio is one interleaved comparison, for the JSON file.
+type Ratio struct {
+	Section    string  `json:"section"`
+	A          string  `json:"a"`
+	B          string  `json:"b"`
+	Goroutines int     `json:"goroutines"`
+	AOverB     float64 `json:"a_over_b_median_of_rounds"`
+}
