@@ -7,7 +7,10 @@
 // Release are each one statement and one round trip; the database clock
 // (clock_timestamp()) alone decides expiry. A TryAcquire that finds the key
 // held locks no row, writes no WAL and assigns no transaction id, so waiters
-// that poll a hot key cost the database little.
+// that poll a hot key cost the database little. A Release needs no
+// durability and commits without waiting for its WAL flush.
+//
+// Close the Backend (which stops its listener) before closing the pool.
 //
 // The Backend also implements [sqllock.Watcher] with LISTEN/NOTIFY on one
 // shared connection (see [Options.DisableNotify] for PgBouncer in transaction
@@ -33,7 +36,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ashlock/ashlock/internal/sqlident"
@@ -64,10 +66,9 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// db is what the backend needs from the pool; *pgxpool.Pool implements it,
-// and tests wrap it.
+// db is what the backend needs from the pool; *pgxpool.Pool and pgx.Tx
+// implement it, and tests wrap it.
 type db interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	Begin(ctx context.Context) (pgx.Tx, error)
@@ -285,6 +286,12 @@ func lostReason(l sqllock.Lease, current int64, held bool, deadline, now time.Ti
 // notifies watchers (unless [Options.DisableNotify]) when it released a row.
 // Errors are as for TryAcquire: an in-flight failure is
 // [sqllock.ErrIndeterminate], and repeating the release is harmless.
+//
+// The release commits asynchronously (synchronous_commit off for its own
+// transaction only): if the server crashes within a few hundred milliseconds
+// after it, the lease may come back and last until its deadline, as a
+// crashed holder's would. Tokens and grants stay durable, and a later grant
+// of the key flushes the release before it commits. See releaseSQL.
 func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err := sqllock.ValidateLease(l); err != nil {
 		return err
