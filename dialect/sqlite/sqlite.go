@@ -295,7 +295,10 @@ func Open(path string, opts Options) (*Backend, error) {
 //
 // The Backend sends one write at a time, whatever the pool size; for the
 // fairness described in the package doc, prefer a small pool and short
-// busy_timeout.
+// busy_timeout. Do not call the Backend while the same goroutine holds a
+// write transaction on the database: the Backend's statement would wait for
+// that transaction (for a connection, or for the write lock until
+// Options.RetryTimeout) and fail.
 func New(db *sql.DB, opts Options) (*Backend, error) {
 	if db == nil {
 		return nil, errors.New("sqlite: New: nil *sql.DB")
