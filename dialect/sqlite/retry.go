@@ -111,11 +111,18 @@ func (b *Backend) retry(ctx context.Context, budget time.Duration, op func(conte
 	}
 }
 
-// code returns the primary SQLite result code of err, or 0.
+// coder is implemented by *modernc.org/sqlite.Error (and by fakes in tests).
+type coder interface{ Code() int }
+
+var _ coder = (*msqlite.Error)(nil)
+
+// code returns the primary SQLite result code of err, or 0. modernc turns
+// on extended result codes, so Code() may carry an extension in the high
+// bits (SQLITE_BUSY_SNAPSHOT = 517 = 5 | 2<<8).
 func code(err error) int {
-	var se *msqlite.Error
-	if errors.As(err, &se) {
-		return se.Code() & 0xff
+	var c coder
+	if errors.As(err, &c) {
+		return c.Code() & 0xff
 	}
 	return 0
 }
@@ -142,7 +149,7 @@ func (b *Backend) translate(err error, write bool) error {
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	if err.Error() == "sql: database is closed" {
+	if strings.Contains(err.Error(), "sql: database is closed") { // database/sql does not export it
 		return errClosed
 	}
 	c := code(err)

@@ -510,3 +510,40 @@ func TestNoBusySnapshot(t *testing.T) {
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, sqlite3.SQLITE_BUSY_SNAPSHOT, se.Code(), "%v", err)
 }
+
+type fakeSQLiteError struct {
+	code int
+	msg  string
+}
+
+func (e *fakeSQLiteError) Error() string { return e.msg }
+func (e *fakeSQLiteError) Code() int     { return e.code }
+
+// TestTranslate: driver errors become ashlock's, once, at the boundary.
+func TestTranslate(t *testing.T) {
+	t.Parallel()
+	b := &Backend{table: "sqllock_locks"}
+	for _, tc := range []struct {
+		name  string
+		err   error
+		write bool
+		want  error
+	}{
+		{"NoSuchTable", &fakeSQLiteError{sqlite3.SQLITE_ERROR, "SQL logic error: no such table: sqllock_locks (1)"}, true, sqllock.ErrSchemaMissing},
+		{"IOErrOnWriteIsIndeterminate", &fakeSQLiteError{sqlite3.SQLITE_IOERR | 4<<8, "disk I/O error (4106)"}, true, sqllock.ErrIndeterminate},
+		{"IOErrOnReadIsUnavailable", &fakeSQLiteError{sqlite3.SQLITE_IOERR, "disk I/O error (10)"}, false, sqllock.ErrUnavailable},
+		{"DiskFull", &fakeSQLiteError{sqlite3.SQLITE_FULL, "database or disk is full (13)"}, true, sqllock.ErrUnavailable},
+		{"ReadOnly", &fakeSQLiteError{sqlite3.SQLITE_READONLY, "attempt to write a readonly database (8)"}, true, sqllock.ErrUnavailable},
+		{"Closed", errors.New("sql: database is closed"), true, sqllock.ErrClosed},
+		{"Cancelled", context.Canceled, true, context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := b.translate(fmt.Errorf("wrapped: %w", tc.err), tc.write)
+			require.ErrorIs(t, got, tc.want)
+		})
+	}
+	require.True(t, isBusy(&fakeSQLiteError{sqlite3.SQLITE_BUSY_SNAPSHOT, "database is locked"}))
+	require.True(t, isBusy(&fakeSQLiteError{sqlite3.SQLITE_LOCKED, "database table is locked"}))
+	require.False(t, isBusy(&fakeSQLiteError{sqlite3.SQLITE_CONSTRAINT, "constraint"}))
+	require.Nil(t, b.translate(nil, true))
+}
