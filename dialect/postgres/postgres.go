@@ -141,10 +141,11 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	}
 	b.acquireSQL = fill(acquireSQL)
 	b.renewSQL = fill(renewSQL)
-	b.releaseSQL = fill(releaseSQL)
+	release := releaseSQL
 	if b.notify {
-		b.releaseSQL = fill(releaseNotifySQL)
+		release = releaseNotifySQL
 	}
+	b.releaseSQL = fill(release)
 	b.listSQL = fill(listSQL)
 	b.fenceSQL = fill(fenceSQL)
 	b.channelSQL = fill(channelSQL)
@@ -188,7 +189,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		return sqllock.Lease{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return sqllock.Lease{}, notSent("acquire", req.Key, err)
+		return sqllock.Lease{}, notSent(opAcquire, req.Key, err)
 	}
 	var (
 		granted, held bool
@@ -236,7 +237,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		return sqllock.Lease{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return sqllock.Lease{}, notSent("renew", l.Key, err)
+		return sqllock.Lease{}, notSent(opRenew, l.Key, err)
 	}
 	var (
 		renewed, held bool
@@ -297,7 +298,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return notSent("release", l.Key, err)
+		return notSent(opRelease, l.Key, err)
 	}
 	var (
 		released, valid, held bool
@@ -341,7 +342,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, notSent("list", prefix, err)
+		return nil, notSent(opList, prefix, err)
 	}
 	rows, err := b.db.Query(ctx, b.listSQL, prefix)
 	if err != nil {
