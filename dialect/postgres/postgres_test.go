@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -118,17 +120,28 @@ func (c *countingTracer) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ p
 }
 func (c *countingTracer) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
 
-// TestOneRoundTripPerOperation counts, with a tracer on a one-connection
-// pool, the statements each operation sends once its statements are
-// cached: exactly one, with no prepare, in every outcome.
+// TestOneRoundTripPerOperation counts what each operation sends on a
+// one-connection pool once its statements are cached: exactly one statement
+// and no prepare (pgx tracer), and exactly one round trip on the wire (a
+// proxy counting Sync and Query messages), in every outcome.
 func TestOneRoundTripPerOperation(t *testing.T) {
 	t.Parallel()
 	bundle := newBundle(t, Options{})
 	cfg, err := pgxpool.ParseConfig(bundle.db.URL)
 	require.NoError(t, err)
+	proxy := newSyncCounter(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	host, port, err := net.SplitHostPort(proxy.addr())
+	require.NoError(t, err)
+	cfg.ConnConfig.Host = host
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	cfg.ConnConfig.Port = uint16(p)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.TLSConfig = nil
 	tracer := &countingTracer{}
 	cfg.ConnConfig.Tracer = tracer
 	cfg.MaxConns = 1
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
 	pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -178,15 +191,20 @@ func TestOneRoundTripPerOperation(t *testing.T) {
 
 	run := func(check bool) {
 		for _, op := range ops {
-			q, p := tracer.queries.Load(), tracer.prepares.Load()
+			q, p, trips := tracer.queries.Load(), tracer.prepares.Load(), proxy.trips.Load()
 			require.NoError(t, op.fn(), op.name)
 			if check {
 				require.EqualValues(t, 1, tracer.queries.Load()-q, "%s: statements sent", op.name)
 				require.EqualValues(t, 0, tracer.prepares.Load()-p, "%s: prepares", op.name)
+				require.EqualValues(t, 1, proxy.trips.Load()-trips, "%s: round trips on the wire", op.name)
 			}
 		}
 	}
 	run(false) // warm the statement cache of the pool's one connection
+	// The proxy counts what it should: warming up prepared each of the four
+	// statements once, in a round trip of its own.
+	require.EqualValues(t, 4, tracer.prepares.Load())
+	require.EqualValues(t, len(ops)+4, proxy.trips.Load(), "round trips while warming up")
 	for range 3 {
 		run(true)
 	}
