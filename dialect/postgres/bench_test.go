@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -183,6 +184,87 @@ func BenchmarkContendedAcquire(b *testing.B) {
 			b.ResetTimer()
 			race(b, g, b.N, 1, cs)
 			report(b, "attempts/s", cs[0], nil, cs[1])
+		})
+	}
+}
+
+// refusals is a Backend that reports each refused TryAcquire, so that a
+// benchmark knows a waiter is waiting. Embedding *Backend keeps Watch.
+type refusals struct {
+	*Backend
+	refused chan struct{}
+}
+
+func (r refusals) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	l, err := r.Backend.TryAcquire(ctx, req)
+	if errors.Is(err, sqllock.ErrNotAcquired) {
+		select {
+		case r.refused <- struct{}{}:
+		default:
+		}
+	}
+	return l, err
+}
+
+// BenchmarkHandoff measures release -> a waiting Acquire (another Client,
+// another Backend) holds the key: from just before Release to the return of
+// the waiter's Acquire. Metrics: p50_ms, p99_ms, max_ms. BENCH.md target
+// with notifications: p50 <= 5 ms, p99 <= 50 ms. The DisableNotify variant
+// shows polling alone.
+func BenchmarkHandoff(b *testing.B) {
+	for _, opts := range []Options{{}, {DisableNotify: true}} {
+		name := "notify"
+		if opts.DisableNotify {
+			name = "poll"
+		}
+		b.Run(name, func(b *testing.B) {
+			bundle := newBundle(b, Options{})
+			ctx := testCtx(b)
+			clients := make([]*sqllock.Client, 2)
+			refused := make(chan struct{}, 1)
+			for i := range clients {
+				be, err := New(bundle.db.Pool, opts)
+				require.NoError(b, err)
+				b.Cleanup(func() { be.Close() })
+				c, err := sqllock.New(refusals{be, refused}, sqllock.Options{})
+				require.NoError(b, err)
+				b.Cleanup(func() { c.Close(context.Background()) })
+				clients[i] = c
+			}
+			holder, err := clients[0].TryAcquire(ctx, "k", nil)
+			require.NoError(b, err)
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := range b.N {
+				waiter := clients[(i+1)%2]
+				select {
+				case <-refused: // a late refusal of the previous waiter
+				default:
+				}
+				got := make(chan *sqllock.Guard, 1)
+				go func() {
+					g, err := waiter.Acquire(ctx, "k", nil)
+					if err != nil {
+						b.Error(err)
+					}
+					got <- g
+				}()
+				<-refused // the waiter found the key held and waits
+				start := time.Now()
+				require.NoError(b, holder.Release(ctx))
+				holder = <-got
+				if holder == nil {
+					return
+				}
+				lat = append(lat, time.Since(start))
+			}
+			b.StopTimer()
+			require.NoError(b, holder.Release(ctx))
+			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+			ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+			b.ReportMetric(ms(lat[len(lat)/2]), "p50_ms")
+			b.ReportMetric(ms(lat[len(lat)*99/100]), "p99_ms")
+			b.ReportMetric(ms(lat[len(lat)-1]), "max_ms")
 		})
 	}
 }
