@@ -38,20 +38,20 @@ func main() {
 	flag.BoolVar(&cfg.quick, "quick", false, "a short run (under 2 minutes): 1 round, shorter cells, fewer samples")
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL to use (postgres://...); default: start a throwaway server from the local PostgreSQL binaries")
 	flag.StringVar(&cfg.out, "out", "results", "directory for latest.md, latest.json and the chart")
-	flag.IntVar(&cfg.rounds, "rounds", 0, "interleaved rounds per cell (default 3, -quick 1)")
-	flag.DurationVar(&cfg.dur, "duration", 0, "duration of one throughput cell (default 2s, -quick 700ms)")
+	flag.IntVar(&cfg.rounds, "rounds", 0, "interleaved rounds per cell (default 5, -quick 1)")
+	flag.DurationVar(&cfg.dur, "duration", 0, "duration of one PostgreSQL throughput cell (default 1.2s, -quick 700ms; other sections scale from it)")
 	flag.StringVar(&conc, "goroutines", "1,4,16,64", "PostgreSQL concurrencies")
 	flag.IntVar(&cfg.keys, "keys", 10000, "random keys are drawn from this many")
 	flag.StringVar(&only, "only", "", "comma-separated sections to run (default all): "+strings.Join(sections, ","))
 	flag.Parse()
 	if cfg.rounds == 0 {
-		cfg.rounds = 3
+		cfg.rounds = 5
 		if cfg.quick {
 			cfg.rounds = 1
 		}
 	}
 	if cfg.dur == 0 {
-		cfg.dur = 2 * time.Second
+		cfg.dur = 1200 * time.Millisecond
 		if cfg.quick {
 			cfg.dur = 700 * time.Millisecond
 		}
@@ -140,7 +140,9 @@ func run(ctx context.Context, cfg *config) (err error) {
 		}
 		rep.addMatrix(m, nil)
 	}
+	var pglockHandoff func() (Latency, error)
 	if cfg.want("handoff") {
+		pglockHandoff = pe.startPglockHandoff(ctx, cfg)
 		if rep.Handoff, err = pe.handoff(ctx, cfg); err != nil {
 			return fmt.Errorf("handoff: %w", err)
 		}
@@ -149,6 +151,13 @@ func run(ctx context.Context, cfg *config) (err error) {
 		if rep.Takeover, err = takeover(ctx, cfg, pe, tmp); err != nil {
 			return fmt.Errorf("takeover: %w", err)
 		}
+	}
+	if pglockHandoff != nil {
+		l, err := pglockHandoff()
+		if err != nil {
+			return fmt.Errorf("pglock handoff: %w", err)
+		}
+		rep.Handoff = append(rep.Handoff, l)
 	}
 	if cfg.want("async") {
 		if rep.Async, err = pe.asyncRelease(ctx, cfg); err != nil {
