@@ -109,7 +109,7 @@ func TestPostgresFencedContention(t *testing.T) {
 			mu.Unlock()
 
 			if rng.IntN(5) == 0 {
-				if err := playStale(ctx, db.Pool, be, l, protectedWrite, &staleAttempts, &staleFenceRefused, &staleWriteRefused); err != nil {
+				if err := playStale(ctx, runCtx, db.Pool, be, l, protectedWrite, &staleAttempts, &staleFenceRefused, &staleWriteRefused); err != nil {
 					return fmt.Errorf("client %d: stale %s/%d: %w", id, key, l.Token, err)
 				}
 				_ = g.Release(ctx) // reports the loss; nothing to undo
@@ -199,8 +199,9 @@ func TestPostgresFencedContention(t *testing.T) {
 // playStale makes lease l stale: it expires l's row behind the holder's back
 // (as a pause past the deadline would), waits until a newer holder has
 // written the protected row, and then tries a fenced transaction and a
-// protected write with l. Both must be refused.
-func playStale(ctx context.Context, pool *pgxpool.Pool, be *postgres.Backend, l sqllock.Lease, protectedWrite string,
+// protected write with l. Both must be refused. If the run ends first (no
+// newer holder will come), it gives up without an attempt.
+func playStale(ctx, runCtx context.Context, pool *pgxpool.Pool, be *postgres.Backend, l sqllock.Lease, protectedWrite string,
 	attempts, fenceRefused, writeRefused *atomic.Int64) error {
 	if _, err := pool.Exec(ctx, "UPDATE sqllock_locks SET deadline = clock_timestamp() - interval '1 millisecond' WHERE key = $1 AND token = $2", l.Key, l.Token); err != nil {
 		return err
@@ -219,8 +220,8 @@ func playStale(ctx context.Context, pool *pgxpool.Pool, be *postgres.Backend, l 
 			return errors.New("no newer holder wrote within 20s")
 		}
 		select {
-		case <-ctx.Done():
-			return ctx.Err()
+		case <-runCtx.Done():
+			return nil
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
