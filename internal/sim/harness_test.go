@@ -1,0 +1,178 @@
+package sim_test
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/internal/faultbackend"
+	"github.com/ashlock/ashlock/internal/history"
+	"github.com/ashlock/ashlock/internal/sim"
+)
+
+const linTimeout = 60 * time.Second
+
+// seedCount is the number of seeds of SIM-1: 1,000 normally, 100 under
+// -race, 20,000 with SQLLOCK_LONG=1.
+func seedCount() int {
+	switch {
+	case os.Getenv("SQLLOCK_LONG") == "1":
+		return 20000
+	case raceEnabled:
+		return 100
+	}
+	return 1000
+}
+
+// seedFromEnv returns SIM_SEED when set: replay that one seed.
+func seedFromEnv(t *testing.T) (uint64, bool) {
+	s := os.Getenv("SIM_SEED")
+	if s == "" {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	require.NoError(t, err, "SIM_SEED")
+	return n, true
+}
+
+// seedList is 0..n-1, or only SIM_SEED when it is set.
+func seedList(t *testing.T, n int) []uint64 {
+	if seed, ok := seedFromEnv(t); ok {
+		return []uint64{seed}
+	}
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(i)
+	}
+	return out
+}
+
+// runSeed runs one seed in its own bubble and checks its history.
+func runSeed(t *testing.T, cfg sim.Config) (*sim.Result, *history.Report, porcupine.Model, porcupine.LinearizationInfo, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	var res *sim.Result
+	synctest.Test(t, func(t *testing.T) { res = sim.Run(cfg) })
+	rep := history.Check(res.History)
+	model, info := history.CheckLin(res.History, rep, true, linTimeout)
+	return res, rep, model, info, time.Since(start)
+}
+
+// failSeed writes the artifacts of a failed seed and fails t with the seed
+// and how to replay it.
+func failSeed(t *testing.T, test string, res *sim.Result, rep *history.Report, model porcupine.Model, info porcupine.LinearizationInfo) {
+	t.Helper()
+	replay := fmt.Sprintf("SIM_SEED=%d go test ./internal/sim -run '^%s$' -v", res.History.Seed, test)
+	dir := history.ArtifactDir(t, fmt.Sprintf("seed-%d", res.History.Seed))
+	if err := history.WriteArtifacts(dir, res.History, rep, &model, &info, replay); err != nil {
+		t.Logf("writing artifacts: %v", err)
+	}
+	t.Errorf("SIM_SEED=%d: %d anomalies (%s); first: %s\nreplay: %s\nartifacts: %s",
+		res.History.Seed, rep.Anomalies(), rep.Checkers(), rep.First(), replay, dir)
+}
+
+// figures aggregates the H8 figure line over seeds. Safe for concurrent use.
+type figures struct {
+	mu         sync.Mutex
+	start      time.Time
+	seeds      int
+	ops        map[string]map[history.Outcome]int
+	faults     map[faultbackend.Kind]int64
+	configured map[faultbackend.Kind]bool
+	rep        history.Report
+	anomalies  int
+	lin        map[string]int
+	linTime    time.Duration
+	slowest    time.Duration
+	slowSeed   uint64
+	fake       time.Duration
+	extra      []string
+}
+
+func newFigures() *figures {
+	return &figures{start: time.Now(), ops: map[string]map[history.Outcome]int{}, faults: map[faultbackend.Kind]int64{},
+		configured: map[faultbackend.Kind]bool{}, lin: map[string]int{}}
+}
+
+func (f *figures) add(res *sim.Result, rep *history.Report, wall time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seeds++
+	sim.OpCounts(res.History, f.ops)
+	for k, v := range res.Counts {
+		f.faults[k] += v
+	}
+	for _, k := range res.Active {
+		f.configured[k] = true
+	}
+	f.rep.StaleAttempted += rep.StaleAttempted
+	f.rep.StaleRejected += rep.StaleRejected
+	f.rep.StaleApplied += rep.StaleApplied
+	f.rep.ZombieWrites += rep.ZombieWrites
+	f.rep.ZombieRejected += rep.ZombieRejected
+	f.rep.AcceptedWrites += rep.AcceptedWrites
+	f.rep.PausedOverlaps += rep.PausedOverlaps
+	f.rep.ForcedOverlaps += rep.ForcedOverlaps
+	f.rep.ClockOverlaps += rep.ClockOverlaps
+	f.rep.ReleaseOverlaps += rep.ReleaseOverlaps
+	f.rep.LiveObligations += rep.LiveObligations
+	f.rep.Violations = append(f.rep.Violations, rep.Violations...)
+	f.anomalies += rep.Anomalies()
+	f.lin[rep.Lin]++
+	f.linTime += rep.LinTime
+	f.fake += res.Fake
+	if wall > f.slowest {
+		f.slowest, f.slowSeed = wall, res.History.Seed
+	}
+}
+
+func (f *figures) line(test string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var kinds []faultbackend.Kind
+	for k := range f.configured {
+		kinds = append(kinds, k)
+	}
+	sort.Slice(kinds, func(i, j int) bool { return kinds[i] < kinds[j] })
+	var lins []string
+	for k, v := range f.lin {
+		lins = append(lins, fmt.Sprintf("%s:%d", k, v))
+	}
+	sort.Strings(lins)
+	r := &f.rep
+	s := fmt.Sprintf("RESULT test=%s backend=memory+faults seeds=%d ops: %s faults=%s "+
+		"stale_writes={attempted:%d, rejected:%d, applied:%d} zombie_writes={attempted:%d, rejected:%d} accepted_writes=%d "+
+		"lin={%s, time:%v} token_regressions=%d db_overlaps=%d guard_violations=%d fence_violations=%d lost_updates=%d liveness_violations=%d live_obligations=%d "+
+		"paused_overlaps=%d forced_overlaps=%d clock_overlaps=%d release_overlaps=%d anomalies=%d fake_time=%v slowest_seed=%d(%v) wall=%v",
+		test, f.seeds, sim.FormatOps(f.ops), faultbackend.FormatCounts(f.faults, kinds...),
+		r.StaleAttempted, r.StaleRejected, r.StaleApplied, r.ZombieWrites, r.ZombieRejected, r.AcceptedWrites,
+		strings.Join(lins, " "), f.linTime.Round(time.Millisecond),
+		r.Count(history.CToken), r.Count(history.CDBOverlap), r.Count(history.CGuard), r.Count(history.CFence),
+		r.Count(history.CLostUpdate), r.Count(history.CLive), r.LiveObligations,
+		r.PausedOverlaps, r.ForcedOverlaps, r.ClockOverlaps, r.ReleaseOverlaps, f.anomalies, f.fake.Round(time.Second),
+		f.slowSeed, f.slowest.Round(time.Millisecond), time.Since(f.start).Round(time.Millisecond))
+	for _, e := range f.extra {
+		s += " " + e
+	}
+	return s
+}
+
+// requireConfiguredFired fails t for each configured fault kind that was
+// never injected: a fault that never fired tested nothing.
+func (f *figures) requireConfiguredFired(t *testing.T) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k := range f.configured {
+		require.Positive(t, f.faults[k], "fault kind %s was configured but injected 0 times", k)
+	}
+}

@@ -1,0 +1,546 @@
+// Package sim is the deterministic simulation of ashlock: clients, the
+// memory backend and the fault wrapper inside one testing/synctest bubble,
+// driven by one goroutine with a seeded RNG (TESTPLAN SIM-1 … SIM-5).
+//
+// Determinism: the driver is the only source of decisions besides the
+// per-client fault RNGs; it sleeps a seeded duration, calls synctest.Wait
+// so that everything woken by that sleep has settled, then takes one
+// action and waits again. Every seeded duration carries nanosecond jitter,
+// so two timers almost never fire at the same fake instant; SIM-2 checks
+// that the same seed gives the same history.
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"testing/synctest"
+	"time"
+
+	"github.com/ashlock/ashlock/internal/faultbackend"
+	"github.com/ashlock/ashlock/internal/history"
+	"github.com/ashlock/ashlock/memory"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// Sim-level fault kinds (the wrapper counts the per-call ones).
+const (
+	Crash  faultbackend.Kind = "crash"
+	Pause  faultbackend.Kind = "pause"
+	Expire faultbackend.Kind = "expire"
+	// Partition cuts a client off the backend for a while (SIM-5).
+	Partition faultbackend.Kind = "partition"
+)
+
+// AllKinds are the fault kinds a random seed may activate.
+var AllKinds = []faultbackend.Kind{
+	faultbackend.FailBefore, faultbackend.FailAfter, faultbackend.Delay, faultbackend.Hang,
+	faultbackend.ClockJump, Crash, Pause, Expire,
+}
+
+// Scenario selects a workload.
+type Scenario int
+
+// The scenarios.
+const (
+	// Random is SIM-1: 2–5 clients, 1–3 keys, each fault kind active with
+	// probability 1/2.
+	Random Scenario = iota
+	// Paused is SIM-4: 2 clients, 1 key; the holder pauses (process and
+	// watchdog) for 1.5×TTL between its read and its write.
+	Paused
+	// ClockStep is SIM-5: 2 clients, 1 key; the database clock steps
+	// forward by 2×margin while the holder holds.
+	ClockStep
+)
+
+// Poll bounds a waiter's sleep between attempts: the Backoff below is at
+// most 640ms plus a few µs.
+const Poll = 650 * time.Millisecond
+
+// spread keeps clients from acting at the same fake instant; see
+// faultbackend.Config.Spread.
+const spread = 10 * time.Microsecond
+
+// Backoff is the clients' deterministic, stateless backoff (no global
+// rand): 10ms·2^(attempt-1) capped at 640ms, plus a per-attempt offset of
+// a few µs so that retries do not line up with other timers.
+func Backoff(attempt int) time.Duration {
+	d := 10 * time.Millisecond << min(max(attempt-1, 0), 6)
+	return d + time.Duration(attempt%97)*7919*time.Nanosecond
+}
+
+// Config is one run.
+type Config struct {
+	Seed     uint64
+	Steps    int // driver steps; default 200
+	Scenario Scenario
+}
+
+// Result is one run's record.
+type Result struct {
+	History *history.History
+	// Active lists the fault kinds this seed activated.
+	Active []faultbackend.Kind
+	// Counts are the faults injected, by kind.
+	Counts map[faultbackend.Kind]int64
+	// Fake is how much fake time the run took.
+	Fake time.Duration
+}
+
+type plan struct {
+	key     string
+	wait    time.Duration
+	works   []time.Duration
+	gaps    []time.Duration
+	crash   bool
+	pauseAt int // the write before which the holder pauses; -1: none
+	pause   time.Duration
+}
+
+type client struct {
+	idx                   int
+	ttl, interval, margin time.Duration
+	cmds                  chan plan
+
+	// Owned by the client's goroutine.
+	id     int
+	inc    int
+	fb     *faultbackend.Backend
+	c      *sqllock.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// grave is a crashed incarnation: its context, and the guard it held.
+type grave struct {
+	cancel context.CancelFunc
+	g      *sqllock.Guard
+}
+
+type world struct {
+	cfg      Config
+	rng      *rand.Rand
+	rec      *history.Recorder
+	clock    *faultbackend.Clock
+	mem      *memory.Backend
+	db       *faultbackend.DB
+	res      *history.Resource
+	keys     []string
+	clients  []*client
+	busy     []bool
+	done     chan int
+	active   map[faultbackend.Kind]bool
+	prob     map[faultbackend.Kind]float64
+	maxDelay time.Duration
+	minTTL   time.Duration
+	maxOff   time.Duration // |database clock offset| stays below this
+
+	wg sync.WaitGroup // client goroutines and guard watchers
+
+	mu        sync.Mutex // guards the fields below
+	nextID    int
+	graveyard []grave
+	simCounts map[faultbackend.Kind]int64
+}
+
+// Run runs one seed. Call it inside a synctest bubble (synctest.Test).
+func Run(cfg Config) *Result {
+	if cfg.Steps == 0 {
+		cfg.Steps = 200
+	}
+	start := time.Now()
+	w := &world{
+		cfg:       cfg,
+		rng:       rand.New(rand.NewPCG(cfg.Seed, 0x5eed)),
+		active:    map[faultbackend.Kind]bool{},
+		prob:      map[faultbackend.Kind]float64{},
+		simCounts: map[faultbackend.Kind]int64{},
+	}
+	nClients, nKeys := 2, 1
+	switch cfg.Scenario {
+	case Random:
+		nClients, nKeys = 2+w.rng.IntN(4), 1+w.rng.IntN(3)
+		for _, k := range AllKinds {
+			w.active[k] = w.rng.IntN(2) == 0
+		}
+	case Paused:
+		w.active[Pause] = true
+	case ClockStep:
+		w.active[faultbackend.ClockJump] = true
+		w.active[Partition] = true
+	}
+	for _, k := range []faultbackend.Kind{faultbackend.FailBefore, faultbackend.FailAfter, faultbackend.Delay} {
+		if w.active[k] {
+			w.prob[k] = 0.08
+		}
+	}
+	if w.active[faultbackend.Hang] {
+		w.prob[faultbackend.Hang] = 0.03
+	}
+	params := history.Params{Poll: Poll + 2*spread, TokenStep1: true, ClockStepsBeyondMargin: cfg.Scenario == ClockStep}
+	w.rec = history.NewRecorder(fmt.Sprintf("sim-%d", cfg.Scenario), cfg.Seed, params)
+	w.clock = faultbackend.NewClock(time.Now)
+	w.mem = memory.NewWithClock(w.clock.Now)
+	w.db = faultbackend.NewDB(w.mem, faultbackend.DBOptions{Clock: w.clock, Recorder: w.rec, Audit: true})
+	w.res = history.NewResource(w.rec)
+	for i := range nKeys {
+		w.keys = append(w.keys, fmt.Sprintf("k%d", i))
+	}
+	w.minTTL = time.Hour
+	for i := range nClients {
+		ttl := 2*time.Second + time.Duration(w.rng.Int64N(int64(8*time.Second)))
+		if cfg.Scenario != Random {
+			ttl = 3*time.Second + time.Duration(w.rng.Int64N(int64(time.Second)))
+		}
+		cl := &client{
+			idx: i, ttl: ttl, margin: ttl / 5,
+			interval: ttl/3 + time.Duration(w.rng.Int64N(int64(50*time.Millisecond))),
+			cmds:     make(chan plan, 1),
+		}
+		w.minTTL = min(w.minTTL, ttl)
+		w.clients = append(w.clients, cl)
+	}
+	w.maxDelay = w.minTTL * 3 / 4
+	w.maxOff = w.minTTL / 5 / 5 // 0.2 × the smallest margin: within A2
+	w.busy = make([]bool, nClients)
+	w.done = make(chan int, nClients)
+	for _, cl := range w.clients {
+		w.incarnate(cl)
+		w.wg.Add(1)
+		go w.loop(cl)
+	}
+
+	switch cfg.Scenario {
+	case Random:
+		w.drive()
+	case Paused, ClockStep:
+		w.scripted()
+	}
+	w.windDown()
+
+	res := &Result{History: w.rec.History(), Counts: w.db.Counts(), Fake: time.Since(start)}
+	w.mu.Lock()
+	for k, v := range w.simCounts {
+		res.Counts[k] += v
+	}
+	w.mu.Unlock()
+	for _, k := range append(AllKinds, Partition) {
+		if w.active[k] {
+			res.Active = append(res.Active, k)
+		}
+	}
+	return res
+}
+
+func (w *world) jitter(lo, span time.Duration) time.Duration {
+	if span <= 0 {
+		return lo
+	}
+	return lo + time.Duration(w.rng.Int64N(int64(span)))
+}
+
+func (w *world) count(k faultbackend.Kind) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.simCounts[k]++
+}
+
+// incarnate (re)starts cl as a fresh process: a new wrapper, client and
+// context. Called by the driver before the loop starts, then only by cl's
+// goroutine.
+func (w *world) incarnate(cl *client) {
+	w.mu.Lock()
+	cl.id = w.nextID
+	w.nextID++
+	w.mu.Unlock()
+	cl.inc++
+	cl.fb = w.db.Client(faultbackend.Config{
+		Client: cl.id, Seed: w.cfg.Seed, Prob: w.prob, MaxDelay: w.maxDelay, Spread: spread,
+	})
+	c, err := sqllock.New(cl.fb, sqllock.Options{
+		Owner:          fmt.Sprintf("c%d.%d", cl.idx, cl.inc),
+		TTL:            cl.ttl,
+		RenewInterval:  cl.interval,
+		Margin:         cl.margin,
+		Backoff:        Backoff,
+		ReleaseTimeout: time.Second,
+	})
+	if err != nil {
+		panic(err)
+	}
+	cl.c = c
+	cl.ctx, cl.cancel = context.WithCancel(context.Background())
+}
+
+func (w *world) loop(cl *client) {
+	defer w.wg.Done()
+	for p := range cl.cmds {
+		w.session(cl, p)
+		w.done <- cl.idx
+	}
+	cl.cancel()
+}
+
+// session is one acquire → fenced read-modify-writes → release (or crash).
+func (w *world) session(cl *client, p plan) {
+	rec := w.rec
+	start := rec.Now()
+	g, err := cl.c.Acquire(cl.ctx, p.key, &sqllock.AcquireOptions{TTL: cl.ttl, Wait: p.wait})
+	wt := history.Wait{Client: cl.id, Key: p.key, Start: start, End: rec.Now()}
+	if err != nil {
+		wt.Err = err.Error()
+		rec.Wait(wt)
+		return
+	}
+	wt.Token = g.Token()
+	rec.Wait(wt)
+	tok := g.Token()
+	gid := rec.GuardStart(history.Guard{
+		Client: cl.id, Key: p.key, Owner: g.Lease().Owner, Token: tok,
+		TTL: cl.ttl, Margin: cl.margin, Interval: cl.interval, Start: rec.Now(),
+	})
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		<-g.Done()
+		end := rec.Now()
+		cause := causeOf(g)
+		ld := rec.Local(g.LocalDeadline())
+		rec.GuardUpdate(gid, func(hg *history.Guard) { hg.End, hg.Cause, hg.LocalDeadline = end, cause, ld })
+	}()
+	tick := func() { time.Sleep(time.Duration(cl.idx+1) * 731 * time.Nanosecond) }
+	acc := func(zombie bool) history.Access {
+		return history.Access{Client: cl.id, Guard: gid, GuardValid: g.Err() == nil, Zombie: zombie}
+	}
+	for i := range p.works {
+		tick()
+		if g.Err() != nil {
+			break
+		}
+		v, ok := w.res.Read(p.key, tok, acc(false))
+		if !ok {
+			break
+		}
+		if i == p.pauseAt {
+			// The whole process stops: the watchdog cannot reach the
+			// backend, and the holder writes without looking at its guard
+			// afterwards (a zombie).
+			rec.Event(history.Event{Kind: history.EvPause, Client: cl.id, Key: p.key, Token: tok, At: rec.Now(), D: p.pause})
+			w.count(Pause)
+			cl.fb.Pause(true)
+			time.Sleep(p.pause)
+			cl.fb.Pause(false)
+			w.res.Write(p.key, tok, v+1, acc(true))
+			now := rec.Now()
+			rec.GuardUpdate(gid, func(hg *history.Guard) { hg.Zombie, hg.BeliefEnd = true, now })
+			break
+		}
+		time.Sleep(p.works[i])
+		tick()
+		if g.Err() != nil {
+			break
+		}
+		w.res.Write(p.key, tok, v+1, acc(false))
+		time.Sleep(p.gaps[i])
+	}
+	tick()
+	if p.crash {
+		cl.fb.Kill()
+		rec.Event(history.Event{Kind: history.EvCrash, Client: cl.id, Key: p.key, Token: tok, TTL: cl.ttl, At: rec.Now()})
+		w.count(Crash)
+		w.mu.Lock()
+		w.graveyard = append(w.graveyard, grave{cl.cancel, g})
+		w.mu.Unlock()
+		w.incarnate(cl)
+		return
+	}
+	_ = g.Release(context.Background())
+}
+
+// causeOf names why g ended: the loss reason, not the last transient
+// error, which depends on whether the renewal's own deadline or the expiry
+// timer fired first at the same fake instant.
+func causeOf(g *sqllock.Guard) string {
+	cause := context.Cause(g.Context())
+	var le *sqllock.LostError
+	if errors.As(cause, &le) {
+		return "lost: " + le.Reason.String()
+	}
+	return fmt.Sprint(cause)
+}
+
+func (w *world) newPlan(cl *client) plan {
+	p := plan{
+		key:     w.keys[w.rng.IntN(len(w.keys))],
+		wait:    w.jitter(cl.ttl/2, 3*cl.ttl),
+		pauseAt: -1,
+	}
+	n := w.rng.IntN(4)
+	for range n {
+		p.works = append(p.works, w.jitter(time.Millisecond, cl.ttl/3))
+		p.gaps = append(p.gaps, w.jitter(time.Millisecond, cl.ttl/4))
+	}
+	if w.active[Crash] && w.rng.IntN(10) == 0 {
+		p.crash = true
+	}
+	if w.active[Pause] && n > 0 && w.rng.IntN(7) == 0 {
+		p.pauseAt = w.rng.IntN(n)
+		p.pause = w.jitter(cl.ttl*6/5, cl.ttl)
+	}
+	return p
+}
+
+func (w *world) drain() {
+	for {
+		select {
+		case i := <-w.done:
+			w.busy[i] = false
+		default:
+			return
+		}
+	}
+}
+
+func (w *world) send(i int, p plan) {
+	w.busy[i] = true
+	w.clients[i].cmds <- p
+}
+
+// drive is SIM-1's driver loop.
+func (w *world) drive() {
+	for range w.cfg.Steps {
+		time.Sleep(w.jitter(time.Millisecond, w.minTTL/2))
+		synctest.Wait()
+		w.drain()
+		u := w.rng.Float64()
+		switch {
+		case w.active[faultbackend.ClockJump] && u < 0.04:
+			off := w.clock.Offset()
+			d := w.jitter(-w.maxOff-off, 2*w.maxOff)
+			w.db.StepClock(d)
+		case w.active[Expire] && u < 0.06:
+			w.db.Expire(w.keys[w.rng.IntN(len(w.keys))])
+			w.count(Expire)
+		default:
+			i := w.rng.IntN(len(w.clients))
+			if !w.busy[i] {
+				w.send(i, w.newPlan(w.clients[i]))
+			}
+		}
+		synctest.Wait()
+	}
+}
+
+// scripted runs SIM-4 and SIM-5: client 0 holds and writes, client 1
+// waits for the key, repeatedly.
+func (w *world) scripted() {
+	a, b := w.clients[0], w.clients[1]
+	for range 3 {
+		pa := plan{key: w.keys[0], wait: a.ttl, pauseAt: -1}
+		writes := 3
+		if w.cfg.Scenario == ClockStep {
+			writes = 8 // long enough to outlive the lease
+		}
+		for range writes {
+			pa.works = append(pa.works, w.jitter(time.Millisecond, a.ttl/10))
+			pa.gaps = append(pa.gaps, w.jitter(time.Millisecond, a.ttl/10))
+		}
+		if w.cfg.Scenario == Paused {
+			pa.pauseAt = 1
+			pa.pause = w.jitter(a.ttl*3/2, time.Millisecond)
+		}
+		w.send(0, pa)
+		synctest.Wait()
+		time.Sleep(w.jitter(time.Millisecond, time.Millisecond))
+		pb := plan{key: w.keys[0], wait: 4 * a.ttl, pauseAt: -1}
+		for range 2 {
+			pb.works = append(pb.works, w.jitter(time.Millisecond, b.ttl/10))
+			pb.gaps = append(pb.gaps, w.jitter(time.Millisecond, b.ttl/10))
+		}
+		w.send(1, pb)
+		synctest.Wait()
+		if w.cfg.Scenario == ClockStep {
+			// A holds (B waits) and its renewals stop reaching the
+			// database (a partition); the database clock steps forward
+			// by twice A's margin, beyond assumption A2, so the lease
+			// ends at the database before A's local deadline.
+			time.Sleep(a.ttl / 20)
+			a.fb.Pause(true)
+			w.count(Partition)
+			w.db.StepClock(2 * a.margin)
+			synctest.Wait()
+			time.Sleep(a.ttl + a.ttl/5)
+			a.fb.Pause(false)
+			synctest.Wait()
+		}
+		for w.busy[0] || w.busy[1] {
+			time.Sleep(w.jitter(10*time.Millisecond, time.Millisecond))
+			synctest.Wait()
+			w.drain()
+		}
+	}
+}
+
+// windDown lets every session finish, stops the clients and waits for
+// every goroutine of the run, so that the bubble ends empty (G8).
+func (w *world) windDown() {
+	for {
+		synctest.Wait()
+		w.drain()
+		idle := true
+		for _, b := range w.busy {
+			idle = idle && !b
+		}
+		if idle {
+			break
+		}
+		time.Sleep(w.jitter(100*time.Millisecond, time.Millisecond))
+	}
+	for _, cl := range w.clients {
+		close(cl.cmds)
+	}
+	w.mu.Lock()
+	graves := w.graveyard
+	w.mu.Unlock()
+	for _, gr := range graves {
+		// The process is gone; end its guard's watchdog (whose release
+		// cannot reach the backend) and wait for it.
+		gr.cancel()
+		_ = gr.g.Release(context.Background())
+	}
+	w.wg.Wait()
+	w.db.Wait()
+	w.res.Finish()
+}
+
+// OpCounts renders the ops by kind and outcome: "acquire{ok:3 held:2}".
+func OpCounts(h *history.History, into map[string]map[history.Outcome]int) {
+	for _, op := range h.Ops {
+		k := string(op.Kind)
+		if into[k] == nil {
+			into[k] = map[history.Outcome]int{}
+		}
+		into[k][op.Outcome]++
+	}
+}
+
+// FormatOps renders the output of OpCounts in a fixed order.
+func FormatOps(m map[string]map[history.Outcome]int) string {
+	var parts []string
+	for _, k := range []string{"acquire", "renew", "release"} {
+		var os []string
+		total := 0
+		for o, n := range m[k] {
+			os = append(os, fmt.Sprintf("%s:%d", o, n))
+			total += n
+		}
+		sort.Strings(os)
+		parts = append(parts, fmt.Sprintf("%s=%d{%s}", k, total, strings.Join(os, " ")))
+	}
+	return strings.Join(parts, " ")
+}
