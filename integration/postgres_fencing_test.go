@@ -73,6 +73,7 @@ func TestPostgresFencedContention(t *testing.T) {
 
 	var (
 		fencedOK, fencedLost         atomic.Int64
+		fencedUnknown                atomic.Int64
 		writesApplied, staleAttempts atomic.Int64
 		staleFenceRefused            atomic.Int64
 		staleWriteRefused            atomic.Int64
@@ -127,6 +128,8 @@ func TestPostgresFencedContention(t *testing.T) {
 			switch {
 			case err == nil:
 				fencedOK.Add(1)
+			case errors.Is(err, sqllock.ErrIndeterminate):
+				fencedUnknown.Add(1) // the run ended during the commit
 			case errors.Is(err, sqllock.ErrLeaseLost) || g.Context().Err() != nil:
 				fencedLost.Add(1) // lost for real (slow machine), or the run ended: refused, fine
 			default:
@@ -155,10 +158,12 @@ func TestPostgresFencedContention(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	// Counter: every committed fenced transaction counted exactly once.
+	// Counter: every committed fenced transaction counted exactly once
+	// (those whose commit had an unknown outcome may or may not count).
 	var total int64
 	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT sum(n) FROM counter").Scan(&total))
-	require.Equal(t, fencedOK.Load(), total, "lost updates: fenced transactions overlapped")
+	require.GreaterOrEqual(t, total, fencedOK.Load(), "lost updates: fenced transactions overlapped")
+	require.LessOrEqual(t, total, fencedOK.Load()+fencedUnknown.Load(), "more increments than fenced transactions")
 
 	// Stale writes applied: an applied write whose token is below one
 	// applied before it on the same key.
@@ -190,9 +195,9 @@ func TestPostgresFencedContention(t *testing.T) {
 	require.Positive(t, staleAttempts.Load(), "no stale holder was played")
 	require.Equal(t, staleAttempts.Load(), staleFenceRefused.Load(), "stale fenced transactions must all be refused")
 	require.Equal(t, staleAttempts.Load(), staleWriteRefused.Load(), "stale protected writes must all be refused")
-	t.Logf("%d clients x %d keys for %v: grants=%d fenced_ok=%d fenced_lost=%d counter=%d writes_applied=%d "+
+	t.Logf("%d clients x %d keys for %v: grants=%d fenced_ok=%d fenced_indeterminate=%d fenced_lost=%d counter=%d writes_applied=%d "+
 		"stale_attempts=%d stale_fenced_refused=%d stale_writes_refused=%d stale_writes_applied=%d anomalies=0",
-		clients, len(keys), duration, grants, fencedOK.Load(), fencedLost.Load(), total, writesApplied.Load(),
+		clients, len(keys), duration, grants, fencedOK.Load(), fencedUnknown.Load(), fencedLost.Load(), total, writesApplied.Load(),
 		staleAttempts.Load(), staleFenceRefused.Load(), staleWriteRefused.Load(), staleApplied)
 }
 
