@@ -187,15 +187,27 @@ func (m *matrix) run(ctx context.Context, logf func(string, ...any)) error {
 			runCell(ctx, c, slices.Max(m.conc), m.warmup, 7, nil, false, m.countBusy)
 		}
 	}
+	// A round's cell is made of short slices, interleaved with the other
+	// contenders' slices: the noise of a shared machine comes and goes
+	// within seconds, and each contender should see as much of it as the
+	// others.
+	slices := max(1, int((m.dur+sliceLen/2)/sliceLen))
+	n := len(m.contenders)
 	for r := 0; r < m.rounds; r++ {
 		for _, g := range m.conc {
-			n := len(m.contenders)
-			for k := range n {
-				c := m.contenders[(k+r)%n]
-				if err := ctx.Err(); err != nil {
-					return err
+			agg := make([]cellRun, n)
+			for s := range slices {
+				for k := range n {
+					i := (k + r + s) % n
+					if err := ctx.Err(); err != nil {
+						return err
+					}
+					res := runCell(ctx, m.contenders[i], g, m.dur/time.Duration(slices), uint64(r*1_000_000+s*1000+g), m.probe, m.latency, m.countBusy)
+					agg[i].add(res)
 				}
-				res := runCell(ctx, c, g, m.dur, uint64(r*1000+g), m.probe, m.latency, m.countBusy)
+			}
+			for i, c := range m.contenders {
+				res := agg[i]
 				m.runs[c.name][g] = append(m.runs[c.name][g], res)
 				msg := fmt.Sprintf("%s r%d g=%-3d %-34s %10.0f/s", m.section, r+1, g, c.name, res.rate())
 				if res.lat != nil {
@@ -209,6 +221,33 @@ func (m *matrix) run(ctx context.Context, logf func(string, ...any)) error {
 		}
 	}
 	return nil
+}
+
+// sliceLen is the target length of one slice of a cell.
+const sliceLen = 250 * time.Millisecond
+
+// add accumulates slice o into r.
+func (r *cellRun) add(o cellRun) {
+	r.ops += o.ops
+	r.busy += o.busy
+	r.errs += o.errs
+	if r.firstErr == nil {
+		r.firstErr = o.firstErr
+	}
+	r.elapsed += o.elapsed
+	r.mallocs += o.mallocs
+	if o.lat != nil {
+		if r.lat == nil {
+			r.lat = new(hist)
+		}
+		r.lat.merge(o.lat)
+	}
+	if o.delta.ok {
+		r.delta.walBytes += o.delta.walBytes
+		r.delta.xids += o.delta.xids
+		r.delta.statements += o.delta.statements
+		r.delta.ok = true
+	}
 }
 
 func (m *matrix) cells() []Cell {
