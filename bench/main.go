@@ -168,15 +168,19 @@ func run(ctx context.Context, cfg *config) (err error) {
 		if rep.Renewal, err = pe.renewal(ctx, cfg); err != nil {
 			return fmt.Errorf("renewal: %w", err)
 		}
+		if rep.BatchRenew, err = pe.batchRenew(ctx, cfg); err != nil {
+			return fmt.Errorf("batch renewal: %w", err)
+		}
 	}
 	if cfg.want("sqlite") {
-		m, err := sqliteMatrix(ctx, cfg, tmp)
+		m, stats, err := sqliteMatrix(ctx, cfg, tmp)
 		if err != nil {
 			return fmt.Errorf("sqlite: %w", err)
 		}
 		if err := m.run(ctx, logf); err != nil {
 			return err
 		}
+		rep.SQLiteBusyRetries = stats()
 		rep.addMatrix(m, sqliteRatios)
 	}
 	if cfg.want("memory") {

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -171,6 +173,69 @@ func (e *pgEnv) renewal(ctx context.Context, cfg *config) ([]Renewal, error) {
 		wg.Wait()
 		c.Close(ctx)
 		out = append(out, r)
+	}
+	return out, nil
+}
+
+// BatchRenew is what one statement renewing many leases costs: a design
+// ashlock does not have (each Guard renews on its own), measured with the
+// raw table to size it.
+type BatchRenew struct {
+	Leases           int     `json:"leases"`
+	MedianMs         float64 `json:"median_ms"`
+	Reps             int     `json:"reps"`
+	WALBytesPerLease float64 `json:"wal_bytes_per_lease"`
+}
+
+const batchRenewSQL = `
+UPDATE raw_locks AS l SET deadline = clock_timestamp() + $3::bigint * interval '1 microsecond'
+FROM unnest($1::text[], $2::bigint[]) AS r(key, token)
+WHERE l.key = r.key AND l.token = r.token AND l.held AND l.deadline > clock_timestamp()`
+
+func (e *pgEnv) batchRenew(ctx context.Context, cfg *config) ([]BatchRenew, error) {
+	reps := 7
+	if cfg.quick {
+		reps = 3
+	}
+	var out []BatchRenew
+	for _, n := range []int{1000, min(10000, len(e.keys))} {
+		keys := e.keys[:n]
+		if _, err := e.pool.Exec(ctx, `UPDATE raw_locks SET held = true, token = token + 1, deadline = clock_timestamp() + interval '1 hour' WHERE key = ANY($1)`, keys); err != nil {
+			return nil, err
+		}
+		rows, err := e.pool.Query(ctx, `SELECT key, token FROM raw_locks WHERE key = ANY($1)`, keys)
+		if err != nil {
+			return nil, err
+		}
+		var ks []string
+		var ts []int64
+		var k string
+		var t int64
+		if _, err := pgx.ForEachRow(rows, []any{&k, &t}, func() error { ks = append(ks, k); ts = append(ts, t); return nil }); err != nil {
+			return nil, err
+		}
+		var ds []time.Duration
+		var wal []float64
+		for range reps {
+			c0 := e.read(ctx)
+			t0 := time.Now()
+			tag, err := e.pool.Exec(ctx, batchRenewSQL, ks, ts, micros(time.Hour))
+			if err != nil {
+				return nil, err
+			}
+			ds = append(ds, time.Since(t0))
+			c1 := e.read(ctx)
+			if tag.RowsAffected() != int64(n) {
+				return nil, fmt.Errorf("batch renew: %d of %d rows", tag.RowsAffected(), n)
+			}
+			wal = append(wal, (c1.walBytes-c0.walBytes)/float64(n))
+		}
+		if _, err := e.pool.Exec(ctx, `UPDATE raw_locks SET held = false WHERE key = ANY($1)`, keys); err != nil {
+			return nil, err
+		}
+		b := BatchRenew{Leases: n, Reps: reps, MedianMs: ms(durQuantile(ds, 0.5)), WALBytesPerLease: median(wal)}
+		logf("batch renew of %d leases in one statement: median %.1f ms, %.0f WAL bytes/lease", n, b.MedianMs, b.WALBytesPerLease)
+		out = append(out, b)
 	}
 	return out, nil
 }

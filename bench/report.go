@@ -25,6 +25,10 @@ type Report struct {
 	Takeover    []Latency    `json:"takeover,omitempty"`
 	Async       *AsyncResult `json:"async_release,omitempty"`
 	Renewal     []Renewal    `json:"renewal,omitempty"`
+	BatchRenew  []BatchRenew `json:"batch_renew,omitempty"`
+	// SQLiteBusyRetries is sqlite.Backend.Stats().BusyRetries after the
+	// SQLite section, per backend.
+	SQLiteBusyRetries map[string]uint64 `json:"sqlite_busy_retries,omitempty"`
 
 	ratioIndex map[string]float64
 }
@@ -65,6 +69,14 @@ func (r *Report) ratio(section, a, b string, g int) float64 {
 		return math.NaN()
 	}
 	return v
+}
+
+func (r *Report) rate(section, contender string, g int) float64 {
+	c, ok := r.cell(section, contender, g)
+	if !ok {
+		return math.NaN()
+	}
+	return c.OpsPerSec
 }
 
 func (r *Report) cell(section, contender string, g int) (Cell, bool) {
@@ -253,11 +265,12 @@ func (r *Report) markdown() string {
 				cell, _ := r.cell("pg", c, g)
 				st := ptr(cell.StatementsPerOp, "%.2f")
 				if c == "pglock" {
-					st = "(5 by its code: nextval + upsert, heartbeat nextval + update, delete)"
+					st = "3–4 by its code (not traced: lib/pq)"
 				}
 				w("| %s | %d | %s | %s | %s |\n", name("pg", c), g, st, ptr(cell.WALBytesPerOp, "%.0f"), ptr(cell.XIDsPerOp, "%.2f"))
 			}
 		}
+		w("\npglock per pair: `nextval` + the upsert, then its heartbeat goroutine starts at once with another `nextval` (its `UPDATE` rarely runs before the release cancels it: see the xids), then a `DELETE`; a cancelled query also costs lib/pq a cancel request on a new connection.\n")
 		w("\nChart: [`%s`](%s) (pairs/s against goroutines, log scales).\n", chartFile, chartFile)
 	}
 
@@ -332,6 +345,29 @@ func (r *Report) markdown() string {
 			w("| %s of %s | %.0f s / %.0f s | %.1f s | %s | %s | %s | %.1f | %.0f | %.2f | %d | %d |\n", num(float64(x.Held)), num(float64(x.Leases)), x.TTLSeconds, x.RenewSeconds, x.AcquireSeconds,
 				num(x.StatementsPerS), num(x.XIDsPerS), num(x.XactCommitsPerS), x.ClientCPUPct, x.CPUusPerRenewal, x.HeapKiBPerLease, x.Lost, x.AcquireFailed)
 		}
+		for _, x := range r.Renewal {
+			if x.Lost == 0 && x.Held == x.Leases {
+				continue
+			}
+			need := float64(x.Leases) / x.RenewSeconds
+			w("\n%s leases with a %.0f s TTL need %s durable renewals per second.", num(float64(x.Leases)), x.TTLSeconds, num(need))
+			if x.Held < x.Leases {
+				w(" Only %s could be taken before the benchmark stopped acquiring (after %.1f s): the renewals of the leases already held use up the commits the acquires need.", num(float64(x.Held)), x.AcquireSeconds)
+			}
+			if x.Lost > 0 {
+				w(" %d of the %s held were lost (a renewal did not get through before the local deadline); a lost Guard stops renewing, so the window then sees fewer statements.", x.Lost, num(float64(x.Held)))
+			}
+			if raw := r.rate("pg", "raw", 64); !math.IsNaN(raw) {
+				w(" The database's commit rate is the limit: the raw pairs above commit about %s times per second at 64 goroutines.", num(2*raw))
+			}
+			w("\n")
+		}
+	}
+	if len(r.BatchRenew) > 0 {
+		w("\nFor scale, one statement renewing many leases at once (`UPDATE … FROM unnest($keys, $tokens)`, not something ashlock does today; measured on the raw table):\n\n| leases in one statement | median ms | WAL bytes / lease |\n|--:|--:|--:|\n")
+		for _, b := range r.BatchRenew {
+			w("| %s | %.1f | %.0f |\n", num(float64(b.Leases)), b.MedianMs, b.WALBytesPerLease)
+		}
 	}
 	if gs := r.concs("sqlite"); len(gs) > 0 {
 		w("\n## SQLite: acquire + release pairs/s\n\n| contender | %s | p50 at 1 (ms) |\n|---|%s--:|\n", cols(gs, "", false), strings.Repeat("--:|", len(gs)))
@@ -354,7 +390,11 @@ func (r *Report) markdown() string {
 			}
 			w(" %s |\n", msStr(first.P50us))
 		}
-		w("\nIn parentheses: the ratio to the raw statements at the same synchronous level, same rounds (target ≥ 0.9×). All goroutines share the process's one connection.\n")
+		w("\nIn parentheses: the ratio to the raw statements at the same synchronous level, same rounds (target ≥ 0.9×). All goroutines share the process's one connection.")
+		if len(r.SQLiteBusyRetries) > 0 {
+			w(" Busy retries by the ashlock backends during the section: FULL %d, NORMAL %d.", r.SQLiteBusyRetries["ashlock-FULL"], r.SQLiteBusyRetries["ashlock-NORMAL"])
+		}
+		w("\n")
 	}
 	if gs := r.concs("memory"); len(gs) > 0 {
 		w("\n## Memory: acquire + release pairs/s\n\n| contender | %s | allocs / pair at 1 |\n|---|%s--:|\n", cols(gs, "", false), strings.Repeat("--:|", len(gs)))

@@ -88,60 +88,72 @@ func flockContender(dir string) (contender, error) {
 	}}, nil
 }
 
-func sqliteMatrix(ctx context.Context, cfg *config, tmp string) (*matrix, error) {
+// sqliteMatrix builds the SQLite matrix; stats reports, after the run, how
+// often each ashlock backend retried a busy database.
+func sqliteMatrix(ctx context.Context, cfg *config, tmp string) (m *matrix, stats func() map[string]uint64, err error) {
 	keys := make([]string, cfg.keys)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k%05d", i)
 	}
 	var cs []contender
+	backends := map[string]*sqlite.Backend{}
 	for _, sync := range []sqlite.Synchronous{sqlite.SynchronousFull, sqlite.SynchronousNormal} {
 		opts := sqlite.Options{Synchronous: sync}
 		b, err := sqlite.Open(filepath.Join(tmp, "ashlock-"+string(sync)+".db"), opts)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		cs = append(cs, backendContender("ashlock-"+string(sync), b, keys, defaultTTL))
+		backends["ashlock-"+string(sync)] = b
 		dsn, err := sqlite.DSN(filepath.Join(tmp, "raw-"+string(sync)+".db"), opts)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		db, err := sql.Open("sqlite", dsn)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		db.SetMaxOpenConns(1) // as sqlite.Open: one connection per process
 		if err := migrations.Up(ctx, migrations.SQLite, db, migrations.Options{Table: "raw_locks"}); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		c, err := sqliteRawContender("raw-"+string(sync), db, keys)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		cs = append(cs, c)
 		// Released rows for every key, as on PostgreSQL.
 		if err := sqliteFill(ctx, db, "raw_locks", keys); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		adsn, err := sqlite.DSN(filepath.Join(tmp, "ashlock-"+string(sync)+".db"), opts)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		adb, err := sql.Open("sqlite", adsn)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		err = sqliteFill(ctx, adb, migrations.DefaultTable, keys)
 		adb.Close()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	fl, err := flockContender(tmp)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cs = append(cs, fl)
-	return &matrix{section: "sqlite", contenders: cs, conc: []int{1, 4}, rounds: cfg.rounds, dur: cfg.dur / 2, latency: true, warmup: cfg.warmup()}, nil
+	stats = func() map[string]uint64 {
+		out := map[string]uint64{}
+		for name, b := range backends {
+			out[name] = b.Stats().BusyRetries
+			b.Close()
+		}
+		return out
+	}
+	return &matrix{section: "sqlite", contenders: cs, conc: []int{1, 4}, rounds: cfg.rounds, dur: cfg.dur / 2, latency: true, warmup: cfg.warmup()}, stats, nil
 }
 
 func sqliteFill(ctx context.Context, db *sql.DB, table string, keys []string) error {
