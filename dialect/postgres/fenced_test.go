@@ -87,7 +87,9 @@ func TestFencedTx(t *testing.T) {
 	t.Run("BlocksTakeoverUntilCommit", func(t *testing.T) {
 		t.Parallel()
 		tb := setup(t)
-		l := acquireOK(t, tb.b, "k", "o1", 300*time.Millisecond)
+		// Long enough for FencedTx to lock the row before expiry on a
+		// loaded machine, short enough to wait out.
+		l := acquireOK(t, tb.b, "k", "o1", 1500*time.Millisecond)
 		taken := make(chan sqllock.Lease, 1)
 		err := tb.b.FencedTx(testCtx(t), l, func(tx pgx.Tx) error {
 			require.Eventually(t, func() bool {
