@@ -118,11 +118,12 @@ func newRobustWorld(t *testing.T, name string, ttl time.Duration, params history
 
 // client starts a client; through a proxy of its own when viaProxy.
 func (w *robustWorld) client(viaProxy bool, opts sqllock.Options) *robustClient {
-	return w.clientConns(viaProxy, 4, opts)
+	return w.clientConns(viaProxy, 4, nil, opts)
 }
 
-// clientConns is client with a pool of maxConns connections.
-func (w *robustWorld) clientConns(viaProxy bool, maxConns int32, opts sqllock.Options) *robustClient {
+// clientConns is client with a pool of maxConns connections whose
+// sessions get the runtime parameters params.
+func (w *robustWorld) clientConns(viaProxy bool, maxConns int32, params map[string]string, opts sqllock.Options) *robustClient {
 	t := w.t
 	t.Helper()
 	w.mu.Lock()
@@ -145,6 +146,9 @@ func (w *robustWorld) clientConns(viaProxy bool, maxConns int32, opts sqllock.Op
 	cfg.MaxConns = maxConns
 	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
 	cfg.ConnConfig.RuntimeParams["application_name"] = pc.app
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	pc.pool, err = pgxpool.NewWithConfig(ctx, cfg)

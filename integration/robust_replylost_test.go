@@ -1,0 +1,109 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// grantsOf returns the distinct tokens the audit log granted to owner.
+func (w *robustWorld) grantsOf(ctx context.Context, owner string) []int64 {
+	t := w.t
+	t.Helper()
+	rows, err := w.db.Pool.Query(ctx, "SELECT DISTINCT token FROM robust_audit WHERE owner = $1 AND kind = 'acquire' ORDER BY token", owner)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var tok int64
+		require.NoError(t, rows.Scan(&tok))
+		out = append(out, tok)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// TestRobustReplyLostAfterCommit is PG-4: the reply to A's acquire is
+// lost after the grant committed. At the backend, A gets ErrIndeterminate
+// and the audit log shows the grant; B cannot acquire before it expires; A's
+// retry with the same owner gets the same token back, never a second
+// tenure. Through the Client, the outcome is the same tenure (settled) or
+// ErrIndeterminate, with one token at most.
+func TestRobustReplyLostAfterCommit(t *testing.T) {
+	t.Parallel()
+	w := newRobustWorld(t, "PG-4", 2*time.Second, robustParams)
+	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
+	defer cancel()
+	a, b := w.client(true, robustOpts()), w.client(false, robustOpts())
+
+	// At the backend.
+	const key = "pg4"
+	req := sqllock.AcquireRequest{Key: key, TTL: w.ttl, Owner: "pg4-a/1"}
+	a.proxy.BlackholeRepliesAfter([]byte(req.Owner))
+	actx, acancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err := a.fb.TryAcquire(actx, req)
+	acancel()
+	require.ErrorIs(t, err, sqllock.ErrIndeterminate)
+	require.Equal(t, 1, a.proxy.Stats().Matched)
+	a.proxy.Pass()
+	tokens := w.grantsOf(ctx, req.Owner)
+	require.Len(t, tokens, 1, "the grant committed although its reply was lost")
+	_, err = b.c.TryAcquire(ctx, key, nil)
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired, "B acquired while the orphan grant is unexpired")
+	l, err := a.fb.TryAcquire(ctx, req) // the retry: same owner
+	require.NoError(t, err)
+	require.Equal(t, tokens[0], l.Token, "a retry with the same owner must get the same tenure")
+	require.NoError(t, a.fb.Release(ctx, l))
+	gb, _, err := w.hold(ctx, b, key, 0, true)
+	require.NoError(t, err)
+	require.Equal(t, tokens[0]+1, gb.Token())
+	require.NoError(t, gb.Release(ctx))
+
+	// Through the Client: it settles a lost reply by repeating the request.
+	const key2 = "pg4-client"
+	a.proxy.BlackholeRepliesAfter([]byte(key2))
+	cctx, ccancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	g, err := a.c.TryAcquire(cctx, key2, nil)
+	ccancel()
+	outcome := "settled"
+	if err != nil {
+		require.True(t, errors.Is(err, sqllock.ErrIndeterminate) || errors.Is(err, context.DeadlineExceeded), "%v", err)
+		outcome = "indeterminate"
+		if strings.Contains(err.Error(), "settled and released") {
+			outcome = "settled_after_deadline_and_released"
+		}
+	} else {
+		require.NoError(t, g.Release(ctx))
+	}
+	a.proxy.Pass()
+	var owners []string
+	rows, err := w.db.Pool.Query(ctx, "SELECT DISTINCT owner FROM robust_audit WHERE key = $1 AND kind = 'acquire'", key2)
+	require.NoError(t, err)
+	for rows.Next() {
+		var o string
+		require.NoError(t, rows.Scan(&o))
+		owners = append(owners, o)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, owners, 1, "one acquire call, one owner")
+	require.Len(t, w.grantsOf(ctx, owners[0]), 1, "one acquire call must never give two tenures")
+
+	h, r := w.check(ctx, "go test ./integration -run '^TestRobustReplyLostAfterCommit$' -v")
+	indeterminate := 0
+	for _, op := range h.Ops {
+		if op.Outcome.Unknown() {
+			indeterminate++
+		}
+	}
+	faults := map[string]int{"reply_lost": a.proxy.Stats().Matched}
+	t.Log(w.figures("TestRobustReplyLostAfterCommit", h, r, faults,
+		fmt.Sprintf("indeterminate=%d resolved_via_audit=%d client_outcome=%s", indeterminate, len(tokens), outcome)))
+	robustRequireFired(t, faults)
+}
