@@ -138,7 +138,7 @@ func run(ctx context.Context, cfg *config) (err error) {
 		if err := m.run(ctx, logf); err != nil {
 			return err
 		}
-		rep.addMatrix(m, nil)
+		rep.addMatrix(m, hotkeyRatios)
 	}
 	var pglockHandoff func() (Latency, error)
 	if cfg.want("handoff") {

@@ -31,6 +31,11 @@ type Renewal struct {
 	Goroutines      int     `json:"goroutines"`
 	Lost            int     `json:"lost"`           // held leases lost by the end of the window
 	AcquireFailed   int     `json:"acquire_failed"` // acquires that failed while taking the leases
+	ReleaseSeconds  float64 `json:"release_s"`      // releasing them all, 32 goroutines
+	// NewConnsDuringRelease counts connections the pool opened while the
+	// leases were released (a query cancelled in flight costs pgx its
+	// connection).
+	NewConnsDuringRelease int64 `json:"new_conns_during_release"`
 }
 
 func rusageCPU() time.Duration {
@@ -65,7 +70,7 @@ func (e *pgEnv) renewal(ctx context.Context, cfg *config) ([]Renewal, error) {
 		ttl time.Duration
 	}{{1000, 3 * time.Second}, {10000, 3 * time.Second}, {10000, sqllock.DefaultTTL}}
 	if cfg.quick {
-		window, acquireFor = 2*time.Second, 8*time.Second
+		window, acquireFor = 2*time.Second, 5*time.Second
 		cases = cases[:2]
 	}
 	var out []Renewal
@@ -154,6 +159,7 @@ func (e *pgEnv) renewal(ctx context.Context, cfg *config) ([]Renewal, error) {
 		logf("renewal %5d leases (%d held), TTL %v: %.0f statements/s (xids %.0f/s, xact_commit %.0f/s), client CPU %.1f%% of a core (%.0fµs/renewal), %.2f KiB heap/lease, lost %d; acquired in %.1fs",
 			n, r.Held, ttl, r.StatementsPerS, r.XIDsPerS, r.XactCommitsPerS, r.ClientCPUPct, r.CPUusPerRenewal, r.HeapKiBPerLease, r.Lost, r.AcquireSeconds)
 		// Release them all, 32 at a time.
+		conns0, rt0 := e.pool.Stat().NewConnsCount(), time.Now()
 		next.Store(0)
 		for range 32 {
 			wg.Add(1)
@@ -171,6 +177,9 @@ func (e *pgEnv) renewal(ctx context.Context, cfg *config) ([]Renewal, error) {
 			}()
 		}
 		wg.Wait()
+		r.ReleaseSeconds = time.Since(rt0).Seconds()
+		r.NewConnsDuringRelease = e.pool.Stat().NewConnsCount() - conns0
+		logf("renewal %5d leases: released %d in %.1fs; the pool opened %d new connections meanwhile", n, r.Held, r.ReleaseSeconds, r.NewConnsDuringRelease)
 		c.Close(ctx)
 		out = append(out, r)
 	}

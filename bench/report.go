@@ -40,6 +40,7 @@ var (
 	}
 	sqliteRatios = [][2]string{{"ashlock-FULL", "raw-FULL"}, {"ashlock-NORMAL", "raw-NORMAL"}, {"ashlock-NORMAL", "flock"}, {"ashlock-FULL", "flock"}}
 	memoryRatios = [][2]string{{"ashlock-memory", "mutex-map"}}
+	hotkeyRatios = [][2]string{{"backend", "raw-update"}, {"backend", "raw-upsert"}, {"backend", "pglock"}}
 )
 
 func ratioKey(section, a, b string, g int) string {
@@ -289,6 +290,12 @@ func (r *Report) markdown() string {
 			}
 			w(" %s | %s | %s |\n", msStr(first.P50us), ptr(first.WALBytesPerOp, "%.1f"), ptr(first.XIDsPerOp, "%.3f"))
 		}
+		var rs []string
+		for _, g := range gs {
+			rs = append(rs, fmt.Sprintf("at %d: %s the conditional UPDATE, %s the upsert, %s pglock", g,
+				ratioStr(r.ratio("hotkey", "backend", "raw-update", g)), ratioStr(r.ratio("hotkey", "backend", "raw-upsert", g)), ratioStr(r.ratio("hotkey", "backend", "pglock", g))))
+		}
+		w("\nashlock's failed attempts per second against the others, same rounds: %s.\n", strings.Join(rs, "; "))
 		w("\nTarget: a contended TryAcquire writes no WAL and assigns no transaction id (WAL and xids are measured at %d goroutine%s; background activity such as autovacuum can add a little).\n", gs[0], plural(gs[0]))
 	}
 
@@ -340,10 +347,10 @@ func (r *Report) markdown() string {
 	}
 	if len(r.Renewal) > 0 {
 		w("\n## Renewal load: one process holding many leases\n\nOne Client; its Guards renew every TTL/3. Measured over a window of at least one renew interval once renewals run (statements by the pgx tracer, write transactions from `pg_current_snapshot()`, commits from `pg_stat_database`, CPU from getrusage of this process).\n\n")
-		w("| leases held | TTL / renew every | acquiring took | statements/s sent | write xacts/s (xids) | xact_commit/s | client CPU, %% of one core | client CPU µs / renewal | heap KiB / lease | leases lost | acquires failed |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		w("| leases held | TTL / renew every | acquiring took | statements/s sent | write xacts/s (xids) | xact_commit/s | client CPU, %% of one core | client CPU µs / renewal | heap KiB / lease | leases lost | acquires failed | releasing all took | new pool connections while releasing |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		for _, x := range r.Renewal {
-			w("| %s of %s | %.0f s / %.0f s | %.1f s | %s | %s | %s | %.1f | %.0f | %.2f | %d | %d |\n", num(float64(x.Held)), num(float64(x.Leases)), x.TTLSeconds, x.RenewSeconds, x.AcquireSeconds,
-				num(x.StatementsPerS), num(x.XIDsPerS), num(x.XactCommitsPerS), x.ClientCPUPct, x.CPUusPerRenewal, x.HeapKiBPerLease, x.Lost, x.AcquireFailed)
+			w("| %s of %s | %.0f s / %.0f s | %.1f s | %s | %s | %s | %.1f | %.0f | %.2f | %d | %d | %.1f s | %d |\n", num(float64(x.Held)), num(float64(x.Leases)), x.TTLSeconds, x.RenewSeconds, x.AcquireSeconds,
+				num(x.StatementsPerS), num(x.XIDsPerS), num(x.XactCommitsPerS), x.ClientCPUPct, x.CPUusPerRenewal, x.HeapKiBPerLease, x.Lost, x.AcquireFailed, x.ReleaseSeconds, x.NewConnsDuringRelease)
 		}
 		for _, x := range r.Renewal {
 			if x.Lost == 0 && x.Held == x.Leases {
@@ -361,6 +368,12 @@ func (r *Report) markdown() string {
 				w(" The database's commit rate is the limit: the raw pairs above commit about %s times per second at 64 goroutines.", num(2*raw))
 			}
 			w("\n")
+		}
+		for _, x := range r.Renewal {
+			if x.NewConnsDuringRelease > 0 {
+				w("\nWhile %s leases were released, the pool opened %d new connections: consistent with Release cancelling a renewal in flight, which costs pgx its connection (it closes a connection whose query was cancelled).\n", num(float64(x.Held)), x.NewConnsDuringRelease)
+				break
+			}
 		}
 	}
 	if len(r.BatchRenew) > 0 {
