@@ -21,6 +21,7 @@ var chartColors = map[string]color.RGBA{
 	"client":           {148, 103, 189, 255},
 	"pglock":           {31, 119, 180, 255},
 	"advisory":         {44, 160, 44, 255},
+	"floor":            {127, 127, 127, 255},
 }
 
 // chart draws PostgreSQL pairs/s against goroutines, both on log scales.
@@ -42,7 +43,7 @@ func (r *Report) chart(path string) error {
 	p.X.Tick.Marker = plot.ConstantTicks(xt)
 	p.X.Min, p.X.Max = float64(gs[0])/1.3, float64(gs[len(gs)-1])*1.3
 	lo, hi := math.Inf(1), math.Inf(-1)
-	for i, c := range []string{"advisory", "raw", "backend", "backend-nonotify", "client", "pglock"} {
+	for i, c := range []string{"floor", "advisory", "raw", "backend", "backend-nonotify", "client", "pglock"} {
 		var pts plotter.XYs
 		for _, g := range gs {
 			if cell, ok := r.cell("pg", c, g); ok && cell.OpsPerSec > 0 {
@@ -62,7 +63,7 @@ func (r *Report) chart(path string) error {
 		l.Width = vg.Points(1.5)
 		s.Shape = draw.GlyphDrawer(shapes[i%len(shapes)])
 		s.Radius = vg.Points(3)
-		if c == "raw" {
+		if c == "raw" || c == "floor" {
 			l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		}
 		p.Add(l, s)
@@ -87,4 +88,4 @@ func (r *Report) chart(path string) error {
 	return p.Save(9*vg.Inch, 5.5*vg.Inch, path)
 }
 
-var shapes = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.SquareGlyph{}, draw.TriangleGlyph{}, draw.PyramidGlyph{}, draw.CrossGlyph{}, draw.PlusGlyph{}}
+var shapes = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.SquareGlyph{}, draw.TriangleGlyph{}, draw.PyramidGlyph{}, draw.CrossGlyph{}, draw.PlusGlyph{}, draw.RingGlyph{}}

@@ -303,6 +303,20 @@ func (e *pgEnv) advisoryContender() contender {
 	}}
 }
 
+// floorContender sends two `SELECT 1` per pair: the round trips of a pair
+// without any lock or write, the machine's floor for two statements.
+func (e *pgEnv) floorContender() contender {
+	return contender{name: "floor", newWorker: func(id int, rng *rand.Rand) pairFunc {
+		return func(ctx context.Context) (bool, error) {
+			var one int
+			if err := e.pool.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
+				return false, err
+			}
+			return true, e.pool.QueryRow(ctx, `SELECT 1`).Scan(&one)
+		}
+	}}
+}
+
 func (e *pgEnv) throughput(cfg *config) *matrix {
 	return &matrix{
 		section: "pg",
@@ -313,6 +327,7 @@ func (e *pgEnv) throughput(cfg *config) *matrix {
 			clientContender("client", e.client, e.keys),
 			e.pglockContender(),
 			e.advisoryContender(),
+			e.floorContender(),
 		},
 		conc: cfg.conc, rounds: cfg.rounds, dur: cfg.dur, probe: e, warmup: cfg.warmup(),
 		latency: true, statementsPer: true, noStatements: map[string]bool{"pglock": true},

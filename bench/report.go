@@ -37,6 +37,7 @@ var (
 	pgRatios = [][2]string{
 		{"backend", "raw"}, {"backend-nonotify", "raw"}, {"client", "raw"}, {"pglock", "raw"}, {"advisory", "raw"},
 		{"backend", "pglock"}, {"client", "pglock"}, {"backend", "advisory"}, {"client", "advisory"}, {"backend", "backend-nonotify"},
+		{"floor", "raw"},
 	}
 	sqliteRatios = [][2]string{{"ashlock-FULL", "raw-FULL"}, {"ashlock-NORMAL", "raw-NORMAL"}, {"ashlock-NORMAL", "flock"}, {"ashlock-FULL", "flock"}}
 	memoryRatios = [][2]string{{"ashlock-memory", "mutex-map"}}
@@ -115,6 +116,7 @@ var names = map[string]string{
 	"pg|client":           "ashlock Client + Guard",
 	"pg|pglock":           "cirello.io/pglock v1.16.1",
 	"pg|advisory":         "pg_try_advisory_lock + unlock (no durability, no fencing)",
+	"pg|floor":            "two `SELECT 1` (round-trip floor, writes nothing)",
 
 	"hotkey|backend":    "ashlock TryAcquire",
 	"hotkey|raw-upsert": "raw INSERT … ON CONFLICT DO UPDATE … WHERE",
@@ -221,7 +223,7 @@ func (r *Report) markdown() string {
 	if gs := r.concs("pg"); len(gs) > 0 {
 		w("\n## PostgreSQL: acquire + release pairs/s\n\nEach pair is a TryAcquire of a random key (of %s, all present and released) and its Release; 30 s TTL; one pgx pool (max %d connections) for ashlock, the raw statements and the advisory locks; pglock on its own `database/sql` pool.\n\n", num(float64(r.Keys)), slices.Max(gs))
 		w("| contender | %s |\n|---|%s\n", cols(gs, "", false), strings.Repeat("--:|", len(gs)))
-		order := []string{"raw", "backend", "backend-nonotify", "client", "pglock", "advisory"}
+		order := []string{"raw", "backend", "backend-nonotify", "client", "pglock", "advisory", "floor"}
 		for _, c := range order {
 			w("| %s |", name("pg", c))
 			for _, g := range gs {
