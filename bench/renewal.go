@@ -31,12 +31,14 @@ type Renewal struct {
 	Goroutines      int     `json:"goroutines"`
 	Lost            int     `json:"lost"`           // held leases lost by the end of the window
 	AcquireFailed   int     `json:"acquire_failed"` // acquires that failed while taking the leases
-	ReleaseSeconds  float64 `json:"release_s"`      // releasing them all, 32 goroutines
+	ReleaseSeconds  float64 `json:"release_s"`      // releasing them all, from releaseGoroutines goroutines
 	// NewConnsDuringRelease counts connections the pool opened while the
 	// leases were released (a query cancelled in flight costs pgx its
 	// connection).
 	NewConnsDuringRelease int64 `json:"new_conns_during_release"`
 }
+
+const releaseGoroutines = 512
 
 func rusageCPU() time.Duration {
 	var ru syscall.Rusage
@@ -158,10 +160,12 @@ func (e *pgEnv) renewal(ctx context.Context, cfg *config) ([]Renewal, error) {
 		}
 		logf("renewal %5d leases (%d held), TTL %v: %.0f statements/s (xids %.0f/s, xact_commit %.0f/s), client CPU %.1f%% of a core (%.0fµs/renewal), %.2f KiB heap/lease, lost %d; acquired in %.1fs",
 			n, r.Held, ttl, r.StatementsPerS, r.XIDsPerS, r.XactCommitsPerS, r.ClientCPUPct, r.CPUusPerRenewal, r.HeapKiBPerLease, r.Lost, r.AcquireSeconds)
-		// Release them all, 32 at a time.
+		// Release them all, from many goroutines: when the database is
+		// saturated each release queues for a pool connection behind the
+		// renewals of the leases not yet released.
 		conns0, rt0 := e.pool.Stat().NewConnsCount(), time.Now()
 		next.Store(0)
-		for range 32 {
+		for range releaseGoroutines {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()

@@ -349,7 +349,7 @@ func (r *Report) markdown() string {
 	}
 	if len(r.Renewal) > 0 {
 		w("\n## Renewal load: one process holding many leases\n\nOne Client; its Guards renew every TTL/3. Measured over a window of at least one renew interval once renewals run (statements by the pgx tracer, write transactions from `pg_current_snapshot()`, commits from `pg_stat_database`, CPU from getrusage of this process).\n\n")
-		w("| leases held | TTL / renew every | acquiring took | statements/s sent | write xacts/s (xids) | xact_commit/s | client CPU, %% of one core | client CPU µs / renewal | heap KiB / lease | leases lost | acquires failed | releasing all took | new pool connections while releasing |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		w("| leases held | TTL / renew every | acquiring took | statements/s sent | write xacts/s (xids) | xact_commit/s | client CPU, %% of one core | client CPU µs / renewal | heap KiB / lease | leases lost | acquires failed | releasing all (%d goroutines) took | new pool connections while releasing |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n", releaseGoroutines)
 		for _, x := range r.Renewal {
 			w("| %s of %s | %.0f s / %.0f s | %.1f s | %s | %s | %s | %.1f | %.0f | %.2f | %d | %d | %.1f s | %d |\n", num(float64(x.Held)), num(float64(x.Leases)), x.TTLSeconds, x.RenewSeconds, x.AcquireSeconds,
 				num(x.StatementsPerS), num(x.XIDsPerS), num(x.XactCommitsPerS), x.ClientCPUPct, x.CPUusPerRenewal, x.HeapKiBPerLease, x.Lost, x.AcquireFailed, x.ReleaseSeconds, x.NewConnsDuringRelease)
