@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -145,6 +146,9 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 		if ctx.Err() != nil {
 			return fail(exitSignalBase+2, "interrupted during the %s workload", w)
 		}
+		if err := sweep(ctx, b, cfg); err != nil {
+			return err
+		}
 		r.Database = d.display
 		r.FirstError = redact(r.FirstError, e.secrets)
 		results = append(results, r)
@@ -226,29 +230,61 @@ func (r *recorder) result(workload, unit string, cfg benchConfig, keys int, elap
 	return res
 }
 
+// run is one workload's run: clients stop between operations once it is
+// over, so that no statement is cut off by the end of the run (a cut-off
+// acquire may be granted without the client learning it).
+type run struct {
+	ctx  context.Context // ends only on an interrupt, or long after the run
+	stop <-chan struct{} // closed when the duration has passed
+	end  time.Time
+}
+
+// over reports whether the run has ended.
+func (r *run) over() bool {
+	select {
+	case <-r.stop:
+		return true
+	default:
+		return r.ctx.Err() != nil
+	}
+}
+
+// record adds an operation's latency if it completed within the run.
+func (r *run) record(w *worker, start time.Time) {
+	if now := time.Now(); now.Before(r.end) {
+		w.lat = append(w.lat, now.Sub(start))
+	}
+}
+
 // runClients runs fn on cfg.clients goroutines until the duration passes or
-// ctx ends, and returns the elapsed time.
-func runClients(ctx context.Context, cfg benchConfig, rec *recorder, fn func(ctx context.Context, client int, w *worker)) time.Duration {
-	ctx, cancel := context.WithTimeout(ctx, cfg.duration)
+// ctx ends, and returns the time measured.
+func runClients(ctx context.Context, cfg benchConfig, rec *recorder, fn func(r *run, client int, w *worker)) time.Duration {
+	// The hard limit only matters if the database stops answering.
+	ctx, cancel := context.WithTimeout(ctx, cfg.duration+time.Minute)
 	defer cancel()
 	start := time.Now()
+	stop := make(chan struct{})
+	timer := time.AfterFunc(cfg.duration, func() { close(stop) })
+	defer timer.Stop()
+	r := &run{ctx: ctx, stop: stop, end: start.Add(cfg.duration)}
 	var wg sync.WaitGroup
 	for c := range cfg.clients {
 		wg.Go(func() {
 			var w worker
-			fn(ctx, c, &w)
+			fn(r, c, &w)
 			rec.merge(&w)
 		})
 	}
 	wg.Wait()
-	return time.Since(start)
+	return min(time.Since(start), cfg.duration)
 }
 
 func (cfg benchConfig) ownerFor(client int, seq int) string {
 	return fmt.Sprintf("%s/c%d/%d", cfg.owner, client, seq)
 }
 
-// opContext reports whether err is the end of the run rather than a failure.
+// runEnded reports whether err is the end of the run (an interrupt) rather
+// than a failure.
 func runEnded(ctx context.Context, err error) bool {
 	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, sqllock.ErrIndeterminate) || errors.Is(err, sqllock.ErrUnavailable))
@@ -258,25 +294,25 @@ func runEnded(ctx context.Context, err error) bool {
 func benchUncontended(ctx context.Context, b sqllock.Backend, cfg benchConfig) (benchResult, error) {
 	keys := max(cfg.keys, cfg.clients)
 	rec := &recorder{}
-	elapsed := runClients(ctx, cfg, rec, func(ctx context.Context, c int, w *worker) {
+	elapsed := runClients(ctx, cfg, rec, func(r *run, c int, w *worker) {
 		// Client c owns the keys i with i % clients == c.
 		own := (keys - c + cfg.clients - 1) / cfg.clients
-		for seq := 1; ctx.Err() == nil; seq++ {
+		for seq := 1; !r.over(); seq++ {
 			key := fmt.Sprintf("%suncontended/%d", benchPrefix, rand.N(own)*cfg.clients+c)
 			start := time.Now()
-			l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: cfg.ttl, Owner: cfg.ownerFor(c, seq)})
+			l, err := b.TryAcquire(r.ctx, sqllock.AcquireRequest{Key: key, TTL: cfg.ttl, Owner: cfg.ownerFor(c, seq)})
 			if err != nil {
-				if !runEnded(ctx, err) {
+				if !runEnded(r.ctx, err) {
 					w.fail(err)
 				}
 				continue
 			}
-			// Release even when the run just ended, so no lease is left.
-			if err := b.Release(context.WithoutCancel(ctx), l); err != nil {
+			// Release even when interrupted, so no lease is left.
+			if err := b.Release(context.WithoutCancel(r.ctx), l); err != nil {
 				w.fail(err)
 				continue
 			}
-			w.lat = append(w.lat, time.Since(start))
+			r.record(w, start)
 		}
 	})
 	return rec.result("uncontended", "pairs", cfg, keys, elapsed), nil
@@ -285,25 +321,25 @@ func benchUncontended(ctx context.Context, b sqllock.Backend, cfg benchConfig) (
 // benchHot: one lease holds a key; every client's TryAcquire is refused.
 func benchHot(ctx context.Context, b sqllock.Backend, cfg benchConfig) (benchResult, error) {
 	key := benchPrefix + "hot"
-	holdTTL := min(cfg.duration+cfg.ttl, sqllock.MaxTTL)
+	holdTTL := min(cfg.duration+time.Minute+cfg.ttl, sqllock.MaxTTL)
 	held, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: holdTTL, Owner: cfg.ownerFor(-1, 0)})
 	if err != nil && !errors.Is(err, sqllock.ErrNotAcquired) {
 		return benchResult{}, fmt.Errorf("hot workload: take %q: %w", key, err)
 	}
 	// (If another bench holds it, the attempts are refused all the same.)
 	rec := &recorder{}
-	elapsed := runClients(ctx, cfg, rec, func(ctx context.Context, c int, w *worker) {
-		for seq := 1; ctx.Err() == nil; seq++ {
+	elapsed := runClients(ctx, cfg, rec, func(r *run, c int, w *worker) {
+		for seq := 1; !r.over(); seq++ {
 			start := time.Now()
-			l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: cfg.ttl, Owner: cfg.ownerFor(c, seq)})
+			l, err := b.TryAcquire(r.ctx, sqllock.AcquireRequest{Key: key, TTL: cfg.ttl, Owner: cfg.ownerFor(c, seq)})
 			switch {
 			case err == nil:
 				// The holder's lease ended early: give it back.
-				_ = b.Release(context.WithoutCancel(ctx), l)
+				_ = b.Release(context.WithoutCancel(r.ctx), l)
 				w.fail(fmt.Errorf("acquired %q, which should have been held", key))
 			case errors.Is(err, sqllock.ErrNotAcquired):
-				w.lat = append(w.lat, time.Since(start))
-			case !runEnded(ctx, err):
+				r.record(w, start)
+			case !runEnded(r.ctx, err):
 				w.fail(err)
 			}
 		}
@@ -343,20 +379,22 @@ func benchHandoff(ctx context.Context, b sqllock.Backend, cfg benchConfig) (benc
 	}
 	defer func() { _ = client.Close(context.Background()) }()
 	rec := &recorder{}
-	elapsed := runClients(ctx, cfg, rec, func(ctx context.Context, c int, w *worker) {
+	elapsed := runClients(ctx, cfg, rec, func(r *run, c int, w *worker) {
 		k := c % nkeys
 		st, key := states[k], fmt.Sprintf("%shandoff/%d", benchPrefix, k)
-		for ctx.Err() == nil {
-			g, err := client.Acquire(ctx, key, nil)
+		for !r.over() {
+			// Not cancelled at the end of the run: every waiter gets the
+			// key in turn, as each holder releases it, and then stops.
+			g, err := client.Acquire(r.ctx, key, nil)
 			if err != nil {
-				if !runEnded(ctx, err) {
+				if !runEnded(r.ctx, err) {
 					w.fail(err)
 				}
 				continue
 			}
 			now := time.Now()
 			st.mu.Lock()
-			if st.releaser >= 0 && st.releaser != c {
+			if st.releaser >= 0 && st.releaser != c && now.Before(r.end) {
 				w.lat = append(w.lat, now.Sub(st.releasedAt))
 			}
 			close(st.acquired)
@@ -364,14 +402,39 @@ func benchHandoff(ctx context.Context, b sqllock.Backend, cfg benchConfig) (benc
 			next := st.acquired
 			st.releasedAt, st.releaser = time.Now(), c
 			st.mu.Unlock()
-			if err := g.Release(context.WithoutCancel(ctx)); err != nil {
+			if err := g.Release(context.WithoutCancel(r.ctx)); err != nil {
 				w.fail(err)
 			}
 			select { // let a waiter have it before queueing again
 			case <-next:
-			case <-ctx.Done():
+			case <-r.stop:
+			case <-r.ctx.Done():
 			}
 		}
 	})
 	return rec.result("handoff", "handoffs", cfg, nkeys, elapsed), nil
+}
+
+// sweep releases every bench lease of this run that is still held. An
+// acquire cut off by the end of the run can be granted without the client
+// learning it (its outcome is indeterminate); such a lease would otherwise
+// hold its key until the TTL passes. The release is token-scoped, and only
+// leases whose owner is this run's are touched.
+func sweep(ctx context.Context, b sqllock.Backend, cfg benchConfig) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	infos, err := b.List(ctx, benchPrefix)
+	if err != nil {
+		return fmt.Errorf("release the bench's leases: %w", err)
+	}
+	for _, in := range infos {
+		if !in.Held || !strings.HasPrefix(in.Owner, cfg.owner+"/") {
+			continue
+		}
+		err := b.Release(ctx, sqllock.Lease{Key: in.Key, Token: in.Token, Owner: in.Owner})
+		if err != nil && !errors.Is(err, sqllock.ErrLeaseLost) {
+			return fmt.Errorf("release the bench's lease on %q: %w", in.Key, err)
+		}
+	}
+	return nil
 }

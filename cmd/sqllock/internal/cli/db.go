@@ -60,6 +60,7 @@ func (e *env) resolveDatabase(flagURL string) (*database, error) {
 	scheme, rest, hasScheme := splitScheme(raw)
 	switch {
 	case scheme == "postgres" || scheme == "postgresql":
+		raw = scheme + raw[len(scheme):] // pgx wants the scheme in lower case
 		e.addSecretsFromURL(raw)
 		cfg, err := pgxpool.ParseConfig(raw)
 		if err != nil {

@@ -105,7 +105,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	path, err := exec.LookPath(f.command[0])
 	if err != nil {
 		code := ExitNotFound
-		if !errors.Is(err, exec.ErrNotFound) {
+		if !errors.Is(err, exec.ErrNotFound) && !errors.Is(err, os.ErrNotExist) {
 			code = ExitCannotExec
 		}
 		return fail(code, "command %q: %v", f.command[0], err)
@@ -258,14 +258,14 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 		"SQLLOCK_OWNER="+lease.Owner,
 	)
 	// Its own process group: a loss stops COMMAND's children too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	group := prepareGroup(cmd, e.stdin)
 	// Bounds the copying of non-file stdio after COMMAND exits (a child
 	// that keeps a pipe open); os.File stdio is passed directly.
 	cmd.WaitDelay = f.grace + time.Second
 	if err := cmd.Start(); err != nil {
 		return fail(ExitCannotExec, "start %s: %v", f.commandRaw, err)
 	}
-	pgid := cmd.Process.Pid
+	group.started(cmd.Process)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 
@@ -275,11 +275,6 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 		killed   bool
 		leaseEnd = g.Done()
 	)
-	signalGroup := func(sig syscall.Signal) {
-		// The group, so that the signal reaches COMMAND's children too;
-		// ESRCH once every member is gone.
-		_ = syscall.Kill(-pgid, sig)
-	}
 	var waitErr error
 loop:
 	for {
@@ -288,7 +283,7 @@ loop:
 			break loop
 		case s := <-sigs:
 			if sig, ok := s.(syscall.Signal); ok {
-				signalGroup(sig)
+				_ = group.signal(sig)
 			}
 		case <-leaseEnd:
 			leaseEnd = nil
@@ -297,17 +292,18 @@ loop:
 			}
 			e.errorf("sqllock run: lost the lease on %q (token %d): %s; stopping %s: SIGTERM now, SIGKILL in %v if it still runs",
 				f.key, lease.Token, lossReason(lost), f.commandRaw, f.grace)
-			signalGroup(syscall.SIGTERM)
+			_ = group.signal(syscall.SIGTERM)
 			t := time.NewTimer(f.grace)
 			defer t.Stop()
 			graceC = t.C
 		case <-graceC:
 			graceC = nil
 			killed = true
-			signalGroup(syscall.SIGKILL)
+			_ = group.signal(syscall.SIGKILL)
 		}
 	}
-	status := exitStatus(cmd.ProcessState, waitErr)
+	group.restoreTerminal()
+	status := exitStatus(cmd.ProcessState)
 	if lost == nil {
 		if errors.As(context.Cause(g.Context()), &lost) {
 			// Lost at the moment COMMAND exited: its work may have
@@ -317,9 +313,13 @@ loop:
 		}
 		return silentExit(status)
 	}
-	// After a loss, give the rest of the group the same grace, then kill it.
-	if graceC != nil {
-		killed = e.drainGroup(pgid, graceC) || killed
+	// After a loss, give the rest of the group the same grace, then kill
+	// it; after the grace, kill what may have been forked meanwhile.
+	switch {
+	case graceC != nil:
+		killed = drainGroup(group, graceC) || killed
+	case killed && group.alive():
+		_ = group.signal(syscall.SIGKILL)
 	}
 	how := describeStatus(cmd.ProcessState, waitErr)
 	if killed {
@@ -332,16 +332,16 @@ loop:
 
 // drainGroup waits, until graceC fires, for the processes left in COMMAND's
 // group to exit, then kills those that remain. It reports whether it had to.
-func (e *env) drainGroup(pgid int, graceC <-chan time.Time) bool {
+func drainGroup(group *processGroup, graceC <-chan time.Time) bool {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if syscall.Kill(-pgid, 0) != nil {
+		if !group.alive() {
 			return false // the group is empty
 		}
 		select {
 		case <-graceC:
-			return syscall.Kill(-pgid, syscall.SIGKILL) == nil
+			return group.signal(syscall.SIGKILL) == nil
 		case <-tick.C:
 		}
 	}
@@ -370,12 +370,12 @@ func lossReason(l *sqllock.LostError) string {
 }
 
 // exitStatus is COMMAND's exit status, 128+N if signal N killed it.
-func exitStatus(ps *os.ProcessState, waitErr error) int {
+func exitStatus(ps *os.ProcessState) int {
 	if ps == nil {
 		return ExitFailure
 	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return exitSignalBase + int(ws.Signal())
+	if sig, ok := waitSignaled(ps); ok {
+		return exitSignalBase + int(sig)
 	}
 	if code := ps.ExitCode(); code >= 0 {
 		return code
@@ -387,8 +387,8 @@ func describeStatus(ps *os.ProcessState, waitErr error) string {
 	if ps == nil {
 		return fmt.Sprintf("wait: %v", waitErr)
 	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return "it died by " + signalName(ws.Signal())
+	if sig, ok := waitSignaled(ps); ok {
+		return "it died by " + signalName(sig)
 	}
 	return fmt.Sprintf("it exited with status %d", ps.ExitCode())
 }

@@ -26,7 +26,10 @@ import (
 // "sqllock" command (main's exact code path: sqllockMain), and after the
 // tests stops the shared PostgreSQL and checks for leaked goroutines.
 func TestMain(m *testing.M) {
-	testscript.Main(leakCheckedMain{m}, map[string]func(){"sqllock": sqllockMain})
+	testscript.Main(leakCheckedMain{m}, map[string]func(){
+		"sqllock": sqllockMain,
+		"exitto":  exittoMain,
+	})
 }
 
 type leakCheckedMain struct{ m *testing.M }
@@ -48,6 +51,41 @@ func sqllockMain() {
 	code := Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// exittoMain is the "exitto FILE PROGRAM ARGS..." command of the scripts:
+// it runs PROGRAM with its stdio, forwards SIGINT and SIGTERM to it, writes
+// its exit status (128+N for a death by signal N) to FILE and exits 0. It
+// lets a script start sqllock in the background and check its exit status
+// later, with testscript's end-of-test interrupt reaching sqllock.
+func exittoMain() {
+	if len(os.Args) < 3 {
+		fmt.Fprintln(os.Stderr, "usage: exitto FILE PROGRAM [ARGS...]")
+		os.Exit(2)
+	}
+	cmd := exec.Command(os.Args[2], os.Args[3:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "exitto:", err)
+		os.Exit(2)
+	}
+	go func() {
+		for s := range sigs {
+			_ = cmd.Process.Signal(s)
+		}
+	}()
+	_ = cmd.Wait()
+	code := cmd.ProcessState.ExitCode()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		code = 128 + int(ws.Signal())
+	}
+	if err := os.WriteFile(os.Args[1], fmt.Appendf(nil, "%d\n", code), 0o666); err != nil {
+		fmt.Fprintln(os.Stderr, "exitto:", err)
+		os.Exit(2)
+	}
+	os.Exit(0)
 }
 
 const scriptDir = "../../testdata/script"

@@ -1,0 +1,280 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/dialect/sqlite"
+	"github.com/ashlock/ashlock/migrations"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// testBundle runs the CLI in this process, with its own environment, its
+// own streams and a signal source the test controls.
+type testBundle struct {
+	env     map[string]string
+	sigs    chan chan<- os.Signal // the channel run registered, once
+	stdin   string
+	workDir string
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	dir := t.TempDir()
+	return &testBundle{
+		env: map[string]string{
+			"HOME":         filepath.Join(dir, "home"),
+			EnvDatabaseURL: "sqlite:" + filepath.Join(dir, "locks.db"),
+			"PATH":         os.Getenv("PATH"),
+		},
+		sigs:    make(chan chan<- os.Signal, 1),
+		workDir: dir,
+	}
+}
+
+// run runs the CLI with args and returns its exit status, stdout and stderr.
+func (tb *testBundle) run(ctx context.Context, args ...string) (int, string, string) {
+	var stdout, stderr bytes.Buffer
+	e := &env{
+		stdin:  strings.NewReader(tb.stdin),
+		stdout: &stdout, stderr: &stderr,
+		getenv: func(k string) string { return tb.env[k] },
+		environ: func() []string {
+			var kv []string
+			for k, v := range tb.env {
+				kv = append(kv, k+"="+v)
+			}
+			return kv
+		},
+		notify: func(c chan<- os.Signal, _ ...os.Signal) {
+			select {
+			case tb.sigs <- c:
+			default:
+			}
+		},
+		stopNotify: func(chan<- os.Signal) {},
+	}
+	code := e.run(ctx, args)
+	return code, stdout.String(), stderr.String()
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestRedact(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in      string
+		secrets []string
+	}{
+		{in: "postgres://admin:hunter2secret@db:5432/x", secrets: nil},
+		{in: "cannot parse `postgres://admin:hunter2secret@db:bad/x`: invalid port", secrets: nil},
+		{in: "postgres://db/x?sslmode=disable&password=hunter2secret", secrets: nil},
+		{in: "host=db password=hunter2secret user=admin", secrets: nil},
+		{in: "host=db password='hunter2secret' user=admin", secrets: nil},
+		{in: "server said: hunter2secret is wrong", secrets: []string{"hunter2secret"}},
+		{in: "escaped: p%40ss%2Fhunter2secret", secrets: []string{"p@ss/hunter2secret"}},
+	} {
+		got := redact(tc.in, tc.secrets)
+		require.NotContains(t, got, "hunter2secret", "input %q", tc.in)
+	}
+	require.Equal(t, "postgres://admin:xxxxx@db:5432/x", displayURL("postgres://admin:hunter2secret@db:5432/x"))
+	require.Equal(t, "postgres://admin@db/x", displayURL("postgres://admin@db/x"))
+}
+
+func TestResolveDatabase(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		url     string
+		dialect migrations.Dialect
+		path    string
+		code    int // 0: no error
+	}{
+		{url: "postgres://u@db/x", dialect: migrations.Postgres},
+		{url: "postgresql://u@db/x", dialect: migrations.Postgres},
+		{url: "POSTGRES://u@db/x", dialect: migrations.Postgres},
+		{url: "postgres://", dialect: migrations.Postgres}, // PG* variables fill it in
+		{url: "sqlite:/tmp/a.db", dialect: migrations.SQLite, path: "/tmp/a.db"},
+		{url: "sqlite:rel/a.db", dialect: migrations.SQLite, path: "rel/a.db"},
+		{url: "sqlite:///tmp/a.db", dialect: migrations.SQLite, path: "/tmp/a.db"},
+		{url: "/var/lib/locks.db", dialect: migrations.SQLite, path: "/var/lib/locks.db"},
+		{url: "./locks.db", dialect: migrations.SQLite, path: "./locks.db"},
+		{url: "sqlite:", code: ExitConfig},
+		{url: "mysql://u:p@db/x", code: ExitConfig},
+		{url: "file:x.db", code: ExitConfig},
+		{url: "postgres://u@db:notaport/x", code: ExitConfig},
+	} {
+		e := &env{getenv: func(string) string { return "" }}
+		d, err := e.resolveDatabase(tc.url)
+		if tc.code != 0 {
+			require.Error(t, err, tc.url)
+			require.Equal(t, tc.code, exitCode(err), "%s: %v", tc.url, err)
+			continue
+		}
+		require.NoError(t, err, tc.url)
+		require.Equal(t, tc.dialect, d.dialect, tc.url)
+		require.Equal(t, tc.path, d.path, tc.url)
+		if d.pg != nil {
+			require.Equal(t, defaultConnectTimeout, d.pg.ConnConfig.ConnectTimeout)
+		}
+	}
+}
+
+func TestResolveDatabasePrecedence(t *testing.T) {
+	t.Parallel()
+	envs := map[string]string{EnvDatabaseURL: "sqlite:/from/env.db", "HOME": "/home/u"}
+	e := &env{getenv: func(k string) string { return envs[k] }}
+	d, err := e.resolveDatabase("sqlite:/from/flag.db")
+	require.NoError(t, err)
+	require.Equal(t, "/from/flag.db", d.path)
+	d, err = e.resolveDatabase("")
+	require.NoError(t, err)
+	require.Equal(t, "/from/env.db", d.path)
+	delete(envs, EnvDatabaseURL)
+	d, err = e.resolveDatabase("")
+	require.NoError(t, err)
+	require.True(t, d.defaultPath)
+}
+
+func TestDefaultPath(t *testing.T) {
+	t.Parallel()
+	get := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	p, err := defaultPath(get(map[string]string{"XDG_STATE_HOME": "/state", "HOME": "/home/u"}))
+	require.NoError(t, err)
+	require.Equal(t, "/state/sqllock/locks.db", p)
+	p, err = defaultPath(get(map[string]string{"XDG_STATE_HOME": "relative", "HOME": "/home/u"}))
+	require.NoError(t, err)
+	require.Equal(t, "/home/u/.local/state/sqllock/locks.db", p)
+	_, err = defaultPath(get(nil))
+	require.Error(t, err)
+}
+
+func TestExitCode(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, ExitUsage, exitCode(sqllock.ErrInvalidKey))
+	require.Equal(t, ExitTempFail, exitCode(&sqllock.HeldError{Key: "k"}))
+	require.Equal(t, ExitLeaseLost, exitCode(&sqllock.LostError{Key: "k"}))
+	require.Equal(t, ExitConfig, exitCode(sqllock.ErrSchemaMissing))
+	require.Equal(t, ExitUnavailable, exitCode(sqllock.ErrUnavailable))
+	require.Equal(t, ExitFailure, exitCode(os.ErrNotExist))
+	require.Equal(t, 42, exitCode(fail(42, "x")))
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	for _, args := range [][]string{{"--help"}, {"help"}, {"help", "run"}, {"run", "--help"}, {"migrate", "-h"},
+		{"list", "--help"}, {"release", "--help"}, {"bench", "--help"}} {
+		code, stdout, stderr := tb.run(testCtx(t), args...)
+		require.Equal(t, ExitOK, code, "%v", args)
+		require.Empty(t, stderr, "%v", args)
+		require.Contains(t, stdout, "sqllock", "%v", args)
+		require.Regexp(t, `(?i)example`, stdout, "%v", args)
+	}
+	code, _, stderr := tb.run(testCtx(t))
+	require.Equal(t, ExitUsage, code)
+	require.Contains(t, stderr, "Commands:")
+}
+
+func TestBadInputOneLine(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"run", "--", "true"}, ExitUsage},
+		{[]string{"run", "--key", "k", "--ttl", "soon", "--", "true"}, ExitUsage},
+		{[]string{"run", "--key", "k", "--grace", "-1s", "--", "true"}, ExitUsage},
+		{[]string{"run", "--key", strings.Repeat("k", 600), "--", "true"}, ExitUsage},
+		{[]string{"run", "--key", "k", "--", "/nonexistent/cmd"}, ExitNotFound},
+		{[]string{"list", "--database-url", "redis://h/0"}, ExitConfig},
+		{[]string{"list", "--json", "extra"}, ExitUsage},
+		{[]string{"release", "--key", "k"}, ExitUsage},
+		{[]string{"migrate"}, ExitUsage},
+		{[]string{"migrate", "down"}, ExitUsage},
+		{[]string{"migrate", "sql", "--dialect", "oracle"}, ExitUsage},
+		{[]string{"bench", "--duration", "0s"}, ExitUsage},
+		{[]string{"nope"}, ExitUsage},
+	} {
+		code, stdout, stderr := tb.run(testCtx(t), tc.args...)
+		require.Equal(t, tc.code, code, "%v: %s", tc.args, stderr)
+		require.Empty(t, stdout, "%v", tc.args)
+		require.Equal(t, 1, strings.Count(stderr, "\n"), "%v: %q", tc.args, stderr)
+		require.NotContains(t, stderr, "goroutine", "%v", tc.args)
+	}
+}
+
+func TestRunInProcess(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.stdin = "from stdin\n"
+	code, stdout, stderr := tb.run(testCtx(t), "run", "--key", "k", "--", "sh", "-c", `read l; echo "$SQLLOCK_KEY $SQLLOCK_TOKEN $l"`)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, "k 1 from stdin\n", stdout)
+
+	code, stdout, _ = tb.run(testCtx(t), "list", "--json")
+	require.Equal(t, 0, code)
+	var locks []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &locks))
+	require.Len(t, locks, 1)
+	for _, field := range []string{"key", "held", "owner", "token", "deadline", "remaining_ms"} {
+		require.Contains(t, locks[0], field)
+	}
+	require.Equal(t, false, locks[0]["held"])
+	require.EqualValues(t, 1, locks[0]["token"])
+}
+
+// A signal while run waits for the lock ends the wait: 128+N, and the
+// command never runs.
+func TestRunSignalWhileWaiting(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testCtx(t)
+	holder, err := sqlite.Open(filepath.Join(tb.workDir, "locks.db"), sqlite.Options{})
+	require.NoError(t, err)
+	defer holder.Close()
+	l, err := holder.TryAcquire(ctx, sqllock.AcquireRequest{Key: "busy", TTL: time.Minute, Owner: "test-holder"})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, holder.Release(ctx, l)) }()
+
+	go func() {
+		c := <-tb.sigs
+		c <- syscall.SIGTERM
+	}()
+	marker := filepath.Join(tb.workDir, "ran")
+	code, _, stderr := tb.run(ctx, "run", "--key", "busy", "--wait", "20s", "--", "touch", marker)
+	require.Equal(t, 128+int(syscall.SIGTERM), code, stderr)
+	require.Contains(t, stderr, "while acquiring \"busy\"; not run")
+	require.NoFileExists(t, marker)
+}
+
+// A held key: exit 75 at once with --wait 0, naming the holder.
+func TestRunNotAcquired(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := testCtx(t)
+	holder, err := sqlite.Open(filepath.Join(tb.workDir, "locks.db"), sqlite.Options{})
+	require.NoError(t, err)
+	defer holder.Close()
+	l, err := holder.TryAcquire(ctx, sqllock.AcquireRequest{Key: "busy", TTL: time.Minute, Owner: "test-holder"})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, holder.Release(ctx, l)) }()
+
+	code, stdout, stderr := tb.run(ctx, "run", "--key", "busy", "--", "echo", "ran")
+	require.Equal(t, ExitTempFail, code)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, `held by "test-holder" (token 1)`)
+}
