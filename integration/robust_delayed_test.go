@@ -50,7 +50,7 @@ func protectedWrite(ctx context.Context, pool *pgxpool.Pool, key string, token i
 func TestRobustPartitionHolderDelayedPackets(t *testing.T) {
 	t.Parallel()
 	const key = "pg1b"
-	w := newRobustWorld(t, "PG-1b", 2*time.Second, robustParams)
+	w := newRobustWorld(t, "PG-1b", 0, 2*time.Second, robustParams)
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	_, err := w.db.Pool.Exec(ctx, protectedSQL)

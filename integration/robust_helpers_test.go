@@ -100,7 +100,7 @@ func (pc *robustClient) extraPool(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
-func newRobustWorld(t *testing.T, name string, ttl time.Duration, params history.Params) *robustWorld {
+func newRobustWorld(t *testing.T, name string, seed uint64, ttl time.Duration, params history.Params) *robustWorld {
 	t.Helper()
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -110,7 +110,7 @@ func newRobustWorld(t *testing.T, name string, ttl time.Duration, params history
 	require.NoError(t, sqlDB.Close())
 	_, err := db.Pool.Exec(ctx, robustAuditSQL)
 	require.NoError(t, err)
-	rec := history.NewRecorder(name, 0, params)
+	rec := history.NewRecorder(name, seed, params)
 	w := &robustWorld{t: t, db: db, rec: rec, res: history.NewResource(rec), ttl: ttl, start: time.Now()}
 	t.Cleanup(w.close)
 	return w
@@ -275,12 +275,16 @@ func robustOpts() sqllock.Options {
 }
 
 // rmw is one fenced read-modify-write of the counter of key, as the holder
-// of g (guard gid) does it; zombie skips the guard checks.
-func (w *robustWorld) rmw(pc *robustClient, g *sqllock.Guard, gid int, key string, work time.Duration, zombie bool) bool {
+// of g (guard gid) does it. A careless holder does not look at its guard
+// between its read and its write: if the guard ended meanwhile, its write
+// is a zombie's (the paused-holder case), and the guard's belief is
+// extended to it.
+func (w *robustWorld) rmw(pc *robustClient, g *sqllock.Guard, gid int, key string, work time.Duration, careless bool) bool {
 	acc := func() history.Access {
-		return history.Access{Client: pc.id, Guard: gid, GuardValid: g.Err() == nil, Zombie: zombie}
+		valid := g.Err() == nil
+		return history.Access{Client: pc.id, Guard: gid, GuardValid: valid, Zombie: !valid}
 	}
-	if !zombie && g.Err() != nil {
+	if g.Err() != nil {
 		return false
 	}
 	v, ok := w.res.Read(key, g.Token(), acc())
@@ -293,15 +297,21 @@ func (w *robustWorld) rmw(pc *robustClient, g *sqllock.Guard, gid int, key strin
 		case <-t.C:
 		case <-g.Done():
 			t.Stop()
-			if !zombie {
+			if !careless {
 				return false
 			}
 		}
 	}
-	if !zombie && g.Err() != nil {
+	if !careless && g.Err() != nil {
 		return false
 	}
-	return w.res.Write(key, g.Token(), v+1, acc())
+	a := acc()
+	ok = w.res.Write(key, g.Token(), v+1, a)
+	if a.Zombie {
+		now := w.rec.Now()
+		w.rec.GuardUpdate(gid, func(hg *history.Guard) { hg.Zombie, hg.BeliefEnd = true, max(hg.BeliefEnd, now) })
+	}
+	return ok
 }
 
 // readAudit reads the audit log into the history: database times become
@@ -333,12 +343,19 @@ func (w *robustWorld) readAudit(ctx context.Context) {
 			a.Kind, a.TTL = history.Renew, w.ttl
 			a.DBNow = a.Deadline - int64(micros)
 		case "release":
+			// The row does not say whether the lease was still valid
+			// (ok) or had expired (lost, cleared all the same), and the
+			// trigger's time is not the statement's: leave the database
+			// time unknown to the model.
 			a.Kind, a.Deadline = history.Release, 0
 		default:
 			a.Kind, a.Deadline = history.Expire, deadline.UnixNano()
 			a.DBNow = deadline.UnixNano()
 		}
 		a.At = a.DBNow - base
+		if a.Kind == history.Release {
+			a.At, a.DBNow = at.UnixNano()-base, 0
+		}
 		as = append(as, a)
 	}
 	require.NoError(t, rows.Err())

@@ -81,7 +81,7 @@ func grantOf(t *testing.T, h *history.History, key string, token int64) history.
 func TestRobustPartitionHolderBlackhole(t *testing.T) {
 	t.Parallel()
 	const key = "pg1a"
-	w := newRobustWorld(t, "PG-1a", 2*time.Second, robustParams)
+	w := newRobustWorld(t, "PG-1a", 0, 2*time.Second, robustParams)
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	a, b := w.client(true, robustOpts()), w.client(false, robustOpts())

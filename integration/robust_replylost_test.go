@@ -38,7 +38,7 @@ func (w *robustWorld) grantsOf(ctx context.Context, owner string) []int64 {
 // ErrIndeterminate, with one token at most.
 func TestRobustReplyLostAfterCommit(t *testing.T) {
 	t.Parallel()
-	w := newRobustWorld(t, "PG-4", 2*time.Second, robustParams)
+	w := newRobustWorld(t, "PG-4", 0, 2*time.Second, robustParams)
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	a, b := w.client(true, robustOpts()), w.client(false, robustOpts())

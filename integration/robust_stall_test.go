@@ -20,7 +20,7 @@ import (
 func TestRobustRowLockStall(t *testing.T) {
 	t.Parallel()
 	const key = "pg5a"
-	w := newRobustWorld(t, "PG-5a", 2*time.Second, robustParams)
+	w := newRobustWorld(t, "PG-5a", 0, 2*time.Second, robustParams)
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	a := w.client(false, robustOpts())
@@ -73,7 +73,7 @@ func TestRobustRowLockStall(t *testing.T) {
 // false success, never a false failure.
 func TestRobustStatementTimeout(t *testing.T) {
 	t.Parallel()
-	w := newRobustWorld(t, "PG-5b", 2*time.Second, robustParams)
+	w := newRobustWorld(t, "PG-5b", 0, 2*time.Second, robustParams)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	// The lock table gets a slow trigger, so that the timeout fires in

@@ -316,3 +316,30 @@ func TestResourceFences(t *testing.T) {
 	require.Zero(t, r.Anomalies(), r.First())
 	require.Equal(t, 1, r.StaleRejected)
 }
+
+func TestLinkAudit(t *testing.T) {
+	t.Parallel()
+	g1 := grant(1, "k", "a/1", 1, s, 3*s)
+	g1.Seq = 1
+	late := grant(2, "k", "b/1", 2, 9*s, 3*s) // a delayed acquire that landed after its caller gave up
+	rn := renew(3, "k", 2, 10*s, 3*s)
+	rl := release(4, "k", 2, 11*s)
+	h := &history.History{Audit: []history.Audit{g1, late, rn, rl}, Ops: []history.Op{
+		{ID: 1, Kind: history.Acquire, Key: "k", Owner: "a/1", Token: 1, Call: s, Return: s, Outcome: history.OK, DBNow: g1.DBNow, Deadline: g1.Deadline},
+		{ID: 2, Kind: history.Acquire, Key: "k", Owner: "b/1", Call: 5 * s, Return: 6 * s, Outcome: history.Indeterminate},
+		{ID: 3, Kind: history.Acquire, Key: "k", Owner: "c/1", Call: 5 * s, Return: 6 * s, Outcome: history.Indeterminate},
+		{ID: 4, Kind: history.Renew, Key: "k", Owner: "b/1", Token: 2, Call: 10 * s, Return: 10 * s, Outcome: history.OK, DBNow: rn.DBNow, Deadline: rn.Deadline},
+		{ID: 5, Kind: history.Release, Key: "k", Owner: "b/1", Token: 2, Call: 11 * s, Return: 11 * s, Outcome: history.OK},
+	}}
+	require.Zero(t, history.LinkAudit(h, time.Millisecond))
+	require.Equal(t, int64(1), h.Ops[0].Audit)
+	require.Equal(t, int64(2), h.Ops[1].Audit, "the late grant is b's lost acquire")
+	require.Zero(t, h.Ops[2].Audit, "c's lost acquire was never applied")
+	require.Equal(t, int64(3), h.Ops[3].Audit)
+	require.Equal(t, int64(4), h.Ops[4].Audit)
+	ops := history.LinOperations(h, true)
+	require.Len(t, ops, 4, "c's acquire is dropped")
+	r := &history.Report{}
+	history.CheckLin(h, r, true, 10*time.Second)
+	require.Equal(t, "Ok", r.Lin, r.First())
+}
