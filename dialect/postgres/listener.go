@@ -52,9 +52,6 @@ type listener struct {
 	mu   sync.Mutex
 	subs map[string]map[chan struct{}]struct{}
 	pid  uint32 // backend PID of the listening connection, 0 when none (tests)
-	// onListen, if set, is called after each (re)connection starts
-	// listening (tests).
-	onListen func()
 }
 
 func startListener(b *Backend) *listener {
@@ -172,13 +169,9 @@ func (l *listener) session() (listened bool, err error) {
 	}
 	l.mu.Lock()
 	l.pid = conn.PgConn().PID()
-	onListen := l.onListen
 	l.mu.Unlock()
 	l.b.log.Debug("sqllock/postgres: listening", "table", l.b.table, "channel", channel, "pid", conn.PgConn().PID())
 	l.wakeAll()
-	if onListen != nil {
-		onListen()
-	}
 	for {
 		n, err := conn.WaitForNotification(l.ctx)
 		if err != nil {
