@@ -28,8 +28,8 @@ func chaosSeed(t *testing.T) uint64 {
 	return uint64(time.Now().UnixNano())
 }
 
-// chaosDuration is 15s (T2's budget), ROBUST_CHAOS_DURATION when set, or 5
-// minutes with SQLLOCK_LONG=1.
+// chaosDuration is 30s (TESTPLAN HIST-PG, T2), ROBUST_CHAOS_DURATION when
+// set, or 5 minutes with SQLLOCK_LONG=1.
 func chaosDuration(t *testing.T) time.Duration {
 	if s := os.Getenv("ROBUST_CHAOS_DURATION"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -39,10 +39,10 @@ func chaosDuration(t *testing.T) time.Duration {
 	if os.Getenv("SQLLOCK_LONG") == "1" {
 		return 5 * time.Minute
 	}
-	return 15 * time.Second
+	return 30 * time.Second
 }
 
-// TestRobustChaosHistory is HIST-PG: 6 clients, each behind its own proxy,
+// TestRobustChaosHistory is HIST-PG: for 30s, 6 clients, each behind its own proxy,
 // take 3 keys and increment fenced counters (a quarter of the sessions
 // carelessly: they write without looking at their guard after their work,
 // so a fault that ends the guard meanwhile makes a zombie write), while a
