@@ -82,8 +82,8 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 	fs := e.flagSet("bench", benchUsage)
 	fs.IntVar(&cfg.clients, "clients", 4, "concurrent `clients`")
 	fs.IntVar(&cfg.keys, "keys", 1000, "number of `keys` of the uncontended workload (at least one per client)")
-	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "how long each workload runs (`duration`)")
-	fs.DurationVar(&cfg.ttl, "ttl", sqllock.DefaultTTL, "lease `duration` of every acquire")
+	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "how long each workload runs")
+	fs.DurationVar(&cfg.ttl, "ttl", sqllock.DefaultTTL, "lease duration of every acquire")
 	fs.StringVar(&workload, "workload", "all", "uncontended, hot, handoff or all")
 	fs.BoolVar(&asJSON, "json", false, "print a JSON array instead of a table")
 	db.register(fs)
@@ -122,6 +122,11 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer b.close()
+	// Fail early, with what to do, rather than count every operation as an
+	// error: a missing table, a database that does not answer.
+	if _, err := b.List(ctx, benchPrefix); err != nil {
+		return listError(err)
+	}
 	host, _ := os.Hostname()
 	cfg.owner = fmt.Sprintf("sqllock-bench:%s:%d:%08x", host, os.Getpid(), rand.Uint32())
 

@@ -73,9 +73,9 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	var f runFlags
 	fs := e.flagSet("run", runUsage)
 	fs.StringVar(&f.key, "key", "", "the lock's `key` (required)")
-	fs.DurationVar(&f.ttl, "ttl", sqllock.DefaultTTL, "lease `duration`; renewed every ttl/3 while COMMAND runs")
-	fs.DurationVar(&f.wait, "wait", 0, "how long to wait for the lock (`duration`); 0 means one attempt")
-	fs.DurationVar(&f.grace, "grace", defaultGrace, "after a lost lease, time between SIGTERM and SIGKILL (`duration`)")
+	fs.DurationVar(&f.ttl, "ttl", sqllock.DefaultTTL, "lease duration; renewed every ttl/3 while COMMAND runs")
+	fs.DurationVar(&f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
+	fs.DurationVar(&f.grace, "grace", defaultGrace, "after a lost lease, time between SIGTERM and SIGKILL")
 	f.db.register(fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
