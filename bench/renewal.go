@@ -16,22 +16,23 @@ import (
 
 // Renewal is the load of one process holding many leases.
 type Renewal struct {
-	Leases          int     `json:"leases"`
-	Held            int     `json:"held"` // leases taken (acquiring stops after a bound)
-	TTLSeconds      float64 `json:"ttl_s"`
-	RenewSeconds    float64 `json:"renew_interval_s"`
-	WindowSeconds   float64 `json:"window_s"`
-	AcquireSeconds  float64 `json:"acquire_s"`
-	StatementsPerS  float64 `json:"statements_per_s"`   // pgx tracer: what the client sent
-	XIDsPerS        float64 `json:"xids_per_s"`         // write transactions the server assigned
-	XactCommitsPerS float64 `json:"xact_commits_per_s"` // pg_stat_database (flushed lazily: approximate)
-	ClientCPUPct    float64 `json:"client_cpu_pct_of_one_core"`
-	CPUusPerRenewal float64 `json:"client_cpu_us_per_renewal"`
-	HeapKiBPerLease float64 `json:"heap_kib_per_lease"`
-	Goroutines      int     `json:"goroutines"`
-	Lost            int     `json:"lost"`           // held leases lost by the end of the window
-	AcquireFailed   int     `json:"acquire_failed"` // acquires that failed while taking the leases
-	ReleaseSeconds  float64 `json:"release_s"`      // releasing them all, from releaseGoroutines goroutines
+	Leases          int       `json:"leases"`
+	Held            int       `json:"held"` // leases taken (acquiring stops after a bound)
+	TTLSeconds      float64   `json:"ttl_s"`
+	RenewSeconds    float64   `json:"renew_interval_s"`
+	WindowSeconds   float64   `json:"window_s"`
+	AcquireSeconds  float64   `json:"acquire_s"`
+	StatementsPerS  float64   `json:"statements_per_s"`   // pgx tracer: what the client sent
+	XIDsPerS        float64   `json:"xids_per_s"`         // write transactions the server assigned
+	XactCommitsPerS float64   `json:"xact_commits_per_s"` // pg_stat_database (flushed lazily: approximate)
+	ClientCPUPct    float64   `json:"client_cpu_pct_of_one_core"`
+	CPUusPerRenewal float64   `json:"client_cpu_us_per_renewal"`
+	HeapKiBPerLease float64   `json:"heap_kib_per_lease"`
+	Goroutines      int       `json:"goroutines"`
+	PerSecond       []float64 `json:"statements_each_second"`
+	Lost            int       `json:"lost"`           // held leases lost by the end of the window
+	AcquireFailed   int       `json:"acquire_failed"` // acquires that failed while taking the leases
+	ReleaseSeconds  float64   `json:"release_s"`      // releasing them all, from releaseGoroutines goroutines
 	// NewConnsDuringRelease counts connections the pool opened while the
 	// leases were released (a query cancelled in flight costs pgx its
 	// connection).
@@ -130,9 +131,20 @@ func (e *pgEnv) renewal(ctx context.Context, cfg *config) ([]Renewal, error) {
 			logf("renewal %d leases: %d acquires failed, first: %v", n, failed.Load(), firstErr)
 		}
 		acq := time.Since(t0)
-		// Let renewals settle into their rhythm: the window starts once the
-		// first lease has renewed, and 1.5 s after the last acquire at least.
-		time.Sleep(max(1500*time.Millisecond, time.Until(t0.Add(interval+500*time.Millisecond))))
+		// The window. Leases taken within [t0, t0+acq] renew at
+		// [t0+k·interval, t0+k·interval+acq]. If acquiring took less than an
+		// interval, a window starting 0.5 s after the last acquire and
+		// lasting whole intervals holds exactly one renewal per lease per
+		// interval, with 0.5 s to spare at both edges. Otherwise the
+		// renewals are spread over the interval and any window will do
+		// once they run.
+		win := max(window, interval)
+		if acq+500*time.Millisecond < interval {
+			win = interval * time.Duration(max(1, (window+interval/2)/interval))
+			time.Sleep(time.Until(t0.Add(acq + 500*time.Millisecond)))
+		} else {
+			time.Sleep(1500 * time.Millisecond)
+		}
 		r := Renewal{Leases: n, AcquireFailed: int(failed.Load()), TTLSeconds: ttl.Seconds(), RenewSeconds: interval.Seconds(), AcquireSeconds: acq.Seconds()}
 		for _, g := range guards {
 			if g != nil {
@@ -142,7 +154,28 @@ func (e *pgEnv) renewal(ctx context.Context, cfg *config) ([]Renewal, error) {
 		r.HeapKiBPerLease = float64(int64(heapInuse())-int64(heap0)) / 1024 / float64(n)
 		r.Goroutines = runtime.NumGoroutine() - g0
 		st0, x0, xc0, cpu0, w0 := e.tracer.n.Load(), e.read(ctx).xids, e.xactCommits(ctx), rusageCPU(), time.Now()
-		time.Sleep(max(window, interval))
+		// Statements per second through the window, to show its rhythm.
+		stopTick := make(chan struct{})
+		tickDone := make(chan struct{})
+		go func() {
+			defer close(tickDone)
+			tk := time.NewTicker(time.Second)
+			defer tk.Stop()
+			last := e.tracer.n.Load()
+			for {
+				select {
+				case <-stopTick:
+					return
+				case <-tk.C:
+					cur := e.tracer.n.Load()
+					r.PerSecond = append(r.PerSecond, float64(cur-last))
+					last = cur
+				}
+			}
+		}()
+		time.Sleep(win - time.Since(w0))
+		close(stopTick)
+		<-tickDone
 		st1, x1, xc1, cpu1, w1 := e.tracer.n.Load(), e.read(ctx).xids, e.xactCommits(ctx), rusageCPU(), time.Now()
 		sec := w1.Sub(w0).Seconds()
 		r.WindowSeconds = sec
@@ -183,6 +216,7 @@ func (e *pgEnv) renewal(ctx context.Context, cfg *config) ([]Renewal, error) {
 		wg.Wait()
 		r.ReleaseSeconds = time.Since(rt0).Seconds()
 		r.NewConnsDuringRelease = e.pool.Stat().NewConnsCount() - conns0
+		logf("renewal %5d leases: statements each second of the window: %v", n, r.PerSecond)
 		logf("renewal %5d leases: released %d in %.1fs; the pool opened %d new connections meanwhile", n, r.Held, r.ReleaseSeconds, r.NewConnsDuringRelease)
 		c.Close(ctx)
 		out = append(out, r)
