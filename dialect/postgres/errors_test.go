@@ -135,9 +135,22 @@ func TestErrors(t *testing.T) {
 		// Every statement below waits on these row locks until its context
 		// ends.
 		_, rollback := lockRows(t, bundle.db.Pool, b.table, "held", "expired")
+		// Each of them loses its connection when its context ends: open
+		// them beforehand, so that the deadline cannot pass while dialing
+		// on a loaded machine (that error is "unavailable", not
+		// "indeterminate": nothing was sent).
+		var conns []*pgxpool.Conn
+		for range 3 {
+			c, err := bundle.db.Pool.Acquire(testCtx(t))
+			require.NoError(t, err)
+			conns = append(conns, c)
+		}
+		for _, c := range conns {
+			c.Release()
+		}
 
 		short := func() context.Context {
-			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			t.Cleanup(cancel)
 			return ctx
 		}
