@@ -56,11 +56,7 @@ func harness(newBackend func(t *testing.T) sqllock.Backend) backendtest.Harness 
 	return backendtest.Harness{
 		New: newBackend,
 		Expire: func(t *testing.T, b sqllock.Backend, key string) {
-			pb := unwrap(b)
-			tag, err := pb.pool.Exec(testCtx(t),
-				"UPDATE "+pb.table+" SET deadline = clock_timestamp() - interval '1 millisecond' WHERE key = $1", key)
-			require.NoError(t, err)
-			require.EqualValues(t, 1, tag.RowsAffected(), "Expire(%q): no such key", key)
+			expire(t, unwrap(b), key)
 		},
 		SetToken: func(t *testing.T, b sqllock.Backend, key string, token int64) {
 			pb := unwrap(b)

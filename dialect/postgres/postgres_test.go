@@ -25,11 +25,13 @@ func acquireOK(t *testing.T, b *Backend, key, owner string, ttl time.Duration) s
 	return l
 }
 
-// expire sets key's deadline into the past by the database clock.
+// expire sets key's deadline into the past by the database clock, keeping
+// its token and held flag.
 func expire(t *testing.T, b *Backend, key string) {
 	t.Helper()
-	_, err := b.pool.Exec(testCtx(t), "UPDATE "+b.table+" SET deadline = clock_timestamp() - interval '1 millisecond' WHERE key = $1", key)
+	tag, err := b.pool.Exec(testCtx(t), "UPDATE "+b.table+" SET deadline = clock_timestamp() - interval '1 millisecond' WHERE key = $1", key)
 	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "expire(%q): no such key", key)
 }
 
 func TestNew(t *testing.T) {
