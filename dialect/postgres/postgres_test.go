@@ -226,11 +226,7 @@ func TestFailedAcquireWritesNothing(t *testing.T) {
 	ctx := testCtx(t)
 	acquireOK(t, b, "hot", "holder", time.Hour)
 
-	upsert := "INSERT INTO " + b.table + ` AS l (key, token, held, deadline, owner)
-		VALUES ($1, 1, true, clock_timestamp() + $2::bigint * interval '1 microsecond', $3)
-		ON CONFLICT (key) DO UPDATE SET token = l.token + 1, held = true, deadline = excluded.deadline, owner = excluded.owner
-		WHERE NOT l.held OR l.deadline <= clock_timestamp()
-		RETURNING token`
+	upsert := fmt.Sprintf(rawAcquireSQL, b.table) // as in the benchmarks
 	args := []any{"hot", int64(60_000_000), "waiter"}
 
 	// No transaction id, inside an explicit transaction: the Backend runs
