@@ -34,7 +34,7 @@ var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal
 
 func main() {
 	var cfg config
-	var conc, only string
+	var conc, only, render string
 	flag.BoolVar(&cfg.quick, "quick", false, "a short run (under 2 minutes): 1 round, shorter cells, fewer samples")
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL to use (postgres://...); default: start a throwaway server from the local PostgreSQL binaries")
 	flag.StringVar(&cfg.out, "out", "results", "directory for latest.md, latest.json and the chart")
@@ -43,7 +43,18 @@ func main() {
 	flag.StringVar(&conc, "goroutines", "1,4,16,64", "PostgreSQL concurrencies")
 	flag.IntVar(&cfg.keys, "keys", 10000, "random keys are drawn from this many")
 	flag.StringVar(&only, "only", "", "comma-separated sections to run (default all): "+strings.Join(sections, ","))
+	flag.StringVar(&render, "render", "", "measure nothing: rewrite latest.md and the chart in -out from this latest.json")
 	flag.Parse()
+	if render != "" {
+		r, err := readReport(render)
+		if err == nil {
+			err = r.write(cfg.out, false)
+		}
+		if err != nil {
+			fatalf("%v", err)
+		}
+		return
+	}
 	if cfg.rounds == 0 {
 		cfg.rounds = 5
 		if cfg.quick {
@@ -191,21 +202,31 @@ func run(ctx context.Context, cfg *config) (err error) {
 		rep.addMatrix(m, memoryRatios)
 	}
 	rep.Seconds = time.Since(startTime).Seconds()
-	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+	if err := rep.write(cfg.out, true); err != nil {
 		return err
-	}
-	md := rep.markdown()
-	fmt.Print(md)
-	if err := os.WriteFile(filepath.Join(cfg.out, "latest.md"), []byte(md), 0o644); err != nil {
-		return err
-	}
-	if err := rep.writeJSON(filepath.Join(cfg.out, "latest.json")); err != nil {
-		return err
-	}
-	if err := rep.chart(filepath.Join(cfg.out, chartFile)); err != nil {
-		return fmt.Errorf("chart: %w", err)
 	}
 	logf("done in %s; wrote %s/latest.md, latest.json, %s", time.Since(startTime).Round(time.Second), cfg.out, chartFile)
+	return nil
+}
+
+// write puts the report (and, with withJSON, its JSON) and the chart in dir.
+func (r *Report) write(dir string, withJSON bool) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	md := r.markdown()
+	fmt.Print(md)
+	if err := os.WriteFile(filepath.Join(dir, "latest.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	if withJSON {
+		if err := r.writeJSON(filepath.Join(dir, "latest.json")); err != nil {
+			return err
+		}
+	}
+	if err := r.chart(filepath.Join(dir, chartFile)); err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
 	return nil
 }
 

@@ -101,6 +101,24 @@ func (r *Report) concs(section string) []int {
 	return gs
 }
 
+func readReport(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	r := new(Report)
+	if err := json.Unmarshal(b, r); err != nil {
+		return nil, err
+	}
+	for _, x := range r.Ratios {
+		if r.ratioIndex == nil {
+			r.ratioIndex = map[string]float64{}
+		}
+		r.ratioIndex[ratioKey(x.Section, x.A, x.B, x.Goroutines)] = x.AOverB
+	}
+	return r, nil
+}
+
 func (r *Report) writeJSON(path string) error {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
@@ -309,7 +327,7 @@ func (r *Report) markdown() string {
 		w("\nTarget (PostgreSQL, with notifications): p50 ≤ 5 ms, p99 ≤ 50 ms. With %d samples, p99 is close to the maximum.\n", r.Handoff[0].N)
 	}
 	if len(r.Takeover) > 0 {
-		w("\n## Takeover after a crashed holder\n\nA holder takes the key with a %v lease and never renews or releases it; a waiter calls `Acquire` 30 ms later. Sample: the new lease's grant time minus the old lease's deadline, both by the backend's clock.\n\n| backend | n | p50 ms | p90 ms | max ms |\n|---|--:|--:|--:|--:|\n", takeoverTTL)
+		w("\n## Takeover after a crashed holder\n\nA holder takes the key with a %v lease and never renews or releases it; a waiter calls `Acquire` 30 ms later. Sample: the new lease's grant time minus the old lease's deadline, both by the backend's clock (SQLite's in whole milliseconds).\n\n| backend | n | p50 ms | p90 ms | max ms |\n|---|--:|--:|--:|--:|\n", takeoverTTL)
 		for _, l := range r.Takeover {
 			w("| %s | %d | %.2f | %.2f | %.2f |\n", l.Name, l.N, l.P50ms, l.P90ms, l.MaxMs)
 		}
@@ -348,8 +366,8 @@ func (r *Report) markdown() string {
 		}
 	}
 	if len(r.Renewal) > 0 {
-		w("\n## Renewal load: one process holding many leases\n\nOne Client; its Guards renew every TTL/3. Measured over a window of at least one renew interval once renewals run (statements by the pgx tracer, write transactions from `pg_current_snapshot()`, commits from `pg_stat_database`, CPU from getrusage of this process).\n\n")
-		w("| leases held | TTL / renew every | acquiring took | statements/s sent | write xacts/s (xids) | xact_commit/s | client CPU, %% of one core | client CPU µs / renewal | heap KiB / lease | leases lost | acquires failed | releasing all (%d goroutines) took | new pool connections while releasing |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n", releaseGoroutines)
+		w("\n## Renewal load: one process holding many leases\n\nOne Client; its Guards renew every TTL/3. Measured over a window of at least one renew interval once renewals run (statements by the pgx tracer, write transactions from `pg_current_snapshot()`, commits from `pg_stat_database`, which backends update lazily, so only roughly; CPU from getrusage of this process).\n\n")
+		w("| leases held | TTL / renew every | acquiring took | statements/s sent | write xacts/s (xids) | xact_commit/s (approximate) | client CPU, %% of one core | client CPU µs / renewal | heap KiB / lease | leases lost | acquires failed | releasing all (%d goroutines) took | new pool connections while releasing |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n", releaseGoroutines)
 		for _, x := range r.Renewal {
 			w("| %s of %s | %.0f s / %.0f s | %.1f s | %s | %s | %s | %.1f | %.0f | %.2f | %d | %d | %.1f s | %d |\n", num(float64(x.Held)), num(float64(x.Leases)), x.TTLSeconds, x.RenewSeconds, x.AcquireSeconds,
 				num(x.StatementsPerS), num(x.XIDsPerS), num(x.XactCommitsPerS), x.ClientCPUPct, x.CPUusPerRenewal, x.HeapKiBPerLease, x.Lost, x.AcquireFailed, x.ReleaseSeconds, x.NewConnsDuringRelease)
