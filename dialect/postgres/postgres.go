@@ -62,6 +62,18 @@ type Options struct {
 	// transaction mode (or any pooler that does not keep a session).
 	DisableNotify bool
 
+	// DurableRelease makes Release commit synchronously, like every other
+	// statement. By default a release commits asynchronously: it needs no
+	// durability (lost in a server crash, the lease just ends at its
+	// deadline, as a crashed holder's would; grants and renewals stay
+	// durable, and any later grant of the key flushes the release first), and
+	// a synchronous notifying commit holds PostgreSQL's global NOTIFY lock
+	// until its WAL flush, which serializes concurrent releases on the disk
+	// (measured: 0.36× the raw statements at 16 goroutines, against ≈1× with
+	// the asynchronous release). Set it where a server crash must not delay
+	// the next holder by up to one TTL.
+	DurableRelease bool
+
 	// Logger receives the listener's connection problems. Nil discards.
 	Logger *slog.Logger
 }
@@ -133,10 +145,15 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 		notify: !opts.DisableNotify,
 		log:    logger,
 	}
+	releaseCommit := "set_config('synchronous_commit', 'off', true)"
+	if opts.DurableRelease {
+		releaseCommit = "NULL::text"
+	}
 	fill := func(q string) string {
 		// A quoted, validated name holds no single quote: as a string
 		// literal (for ::regclass) it needs no escaping.
 		q = strings.ReplaceAll(q, "{{table}}", quoted)
+		q = strings.ReplaceAll(q, "{{release_commit}}", releaseCommit)
 		return strings.ReplaceAll(q, "{{table_literal}}", "'"+quoted+"'")
 	}
 	b.acquireSQL = fill(acquireSQL)

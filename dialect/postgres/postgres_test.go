@@ -316,7 +316,7 @@ func TestFailedAcquireWritesNothing(t *testing.T) {
 // transaction: see releaseSQL for why a release needs no flush.
 func TestReleaseCommitsAsynchronously(t *testing.T) {
 	t.Parallel()
-	for _, opts := range []Options{{}, {DisableNotify: true}} {
+	for _, opts := range []Options{{}, {DisableNotify: true}, {DurableRelease: true}} {
 		bundle := newBundle(t, opts)
 		ctx := testCtx(t)
 		conn, err := bundle.db.Pool.Acquire(ctx)
@@ -343,7 +343,11 @@ func TestReleaseCommitsAsynchronously(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "on", setting(tx), "acquire and renew must commit synchronously")
 		require.NoError(t, b.Release(ctx, l))
-		require.Equal(t, "off", setting(tx))
+		if opts.DurableRelease {
+			require.Equal(t, "on", setting(tx), "DurableRelease must commit synchronously")
+		} else {
+			require.Equal(t, "off", setting(tx))
+		}
 		require.NoError(t, tx.Commit(ctx))
 		require.Equal(t, session, setting(conn), "the setting leaked out of the transaction")
 	}

@@ -107,9 +107,10 @@ LEFT JOIN cur AS c ON true`
 // lease was still valid (deadline > now), the current token, held flag and
 // deadline as the snapshot saw them, and the database time used.
 //
-// It commits asynchronously: set_config('synchronous_commit', 'off', true),
-// in the "now" CTE that every execution evaluates, lasts until the end of
-// the statement's own transaction (SET LOCAL). A release needs no
+// It commits asynchronously unless Options.DurableRelease is set:
+// {{release_commit}} becomes set_config('synchronous_commit', 'off', true),
+// which, in the "now" CTE that every execution evaluates, lasts until the
+// end of the statement's own transaction (SET LOCAL). A release needs no
 // durability: if the server crashes before the WAL writer flushes it (within
 // a few wal_writer_delay, 200 ms by default), the lease comes back as it was
 // and ends at its deadline, as a crashed holder's would; tokens are not
@@ -130,7 +131,7 @@ LEFT JOIN cur AS c ON true`
 const releaseSQL = `
 WITH now AS MATERIALIZED (
     SELECT clock_timestamp() AS now,
-           set_config('synchronous_commit', 'off', true) AS async
+           {{release_commit}} AS async
 ), cur AS MATERIALIZED (
     SELECT token, held, deadline FROM {{table}} WHERE key = $1
 ), upd AS (
@@ -154,7 +155,7 @@ LEFT JOIN cur AS c ON true`
 const releaseNotifySQL = `
 WITH now AS MATERIALIZED (
     SELECT clock_timestamp() AS now,
-           set_config('synchronous_commit', 'off', true) AS async
+           {{release_commit}} AS async
 ), cur AS MATERIALIZED (
     SELECT token, held, deadline FROM {{table}} WHERE key = $1
 ), upd AS (
