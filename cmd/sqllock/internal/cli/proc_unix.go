@@ -30,8 +30,8 @@ func prepareGroup(cmd *exec.Cmd, stdin io.Reader) *processGroup {
 	if f, ok := stdin.(*os.File); ok {
 		fd := int(f.Fd())
 		if fg, err := tcgetpgrp(fd); err == nil && fg == syscall.Getpgrp() {
-			// Ctty is a descriptor number in the child: stdin is its 0.
-			attr.Foreground, attr.Ctty = true, 0
+			// With Foreground, Ctty is a descriptor of this process.
+			attr.Foreground, attr.Ctty = true, fd
 			pg.tty = fd
 		}
 	}
@@ -43,8 +43,14 @@ func prepareGroup(cmd *exec.Cmd, stdin io.Reader) *processGroup {
 func (pg *processGroup) started(p *os.Process) { pg.pgid = p.Pid }
 
 // signal sends sig to the whole group; an error once every member is gone.
+// A stopped process acts on SIGTERM or SIGINT only once continued, so
+// SIGCONT follows them, as a shell's kill does for a job.
 func (pg *processGroup) signal(sig syscall.Signal) error {
-	return syscall.Kill(-pg.pgid, sig)
+	err := syscall.Kill(-pg.pgid, sig)
+	if err == nil && (sig == syscall.SIGTERM || sig == syscall.SIGINT) {
+		_ = syscall.Kill(-pg.pgid, syscall.SIGCONT)
+	}
+	return err
 }
 
 // alive reports whether any process of the group is left.
