@@ -266,6 +266,7 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 		return fail(ExitCannotExec, "start %s: %v", f.commandRaw, err)
 	}
 	group.started(cmd.Process)
+	stopProxy := group.proxyStops()
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 
@@ -302,6 +303,7 @@ loop:
 			_ = group.signal(syscall.SIGKILL)
 		}
 	}
+	stopProxy()
 	group.restoreTerminal()
 	status := exitStatus(cmd.ProcessState)
 	if lost == nil {
