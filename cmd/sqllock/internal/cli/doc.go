@@ -26,7 +26,11 @@
 // Guard renew the lease, forwards SIGINT and SIGTERM to the command's group,
 // and releases the lease when the command exits. If the lease is lost, run
 // sends SIGTERM to the group, SIGKILL after --grace to whatever is left of
-// it, and exits [ExitLeaseLost]. This is what `consul lock` does, and what
+// it, and exits [ExitLeaseLost]. When stdin is the terminal, the command's
+// group becomes the terminal's foreground (so that an interactive command can
+// read it), and on Linux a Ctrl-Z stop of the command is passed on to
+// sqllock itself, so that the shell regains control. Stopping on loss is
+// what `consul lock` does, and what
 // `etcdctl lock` does not (it leaves the command running after its session
 // is lost; etcd's lock_command.go waits on the child only).
 //

@@ -35,7 +35,12 @@ Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
      COMMAND, then SIGKILL after --grace if anything in it still runs, and
      exits 76. COMMAND runs in its own process group, so both signals reach
      the processes it started too (forwarded signals go to the group as
-     well).
+     well, followed by SIGCONT so that a stopped process acts on them).
+  6. When stdin is the terminal, COMMAND's group is made the terminal's
+     foreground, as a shell does for a job: an interactive COMMAND can read
+     it, and Ctrl-C reaches it directly. On Linux, Ctrl-Z stops COMMAND and
+     then sqllock, and fg continues both (a stop longer than the lease
+     loses the lock, and COMMAND is then stopped as after any loss).
 
 Exit status: COMMAND's own (128+N if it died by signal N), except
   75   not acquired: KEY is held by another (or --wait elapsed)
