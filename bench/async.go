@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,36 +22,6 @@ const (
 WITH async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE raw_locks AS l SET held = false FROM async
 WHERE l.key = $1 AND l.token = $2`
-
-	// ashlockReleaseAsyncSQL is a copy of dialect/postgres's
-	// releaseNotifySQL (table and channel filled in as the backend does for
-	// Options{Schema: "ashlock_bench"}) with one change: the "now" CTE,
-	// which every execution evaluates, also sets synchronous_commit off for
-	// the statement's transaction.
-	ashlockReleaseAsyncSQL = `
-WITH now AS MATERIALIZED (
-    SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true) AS async
-), cur AS MATERIALIZED (
-    SELECT token, held, deadline FROM "ashlock_bench"."sqllock_locks" WHERE key = $1
-), upd AS (
-    UPDATE "ashlock_bench"."sqllock_locks" AS l
-    SET held = false
-    FROM now AS n
-    WHERE l.key = $1 AND l.token = $2 AND l.held
-    RETURNING l.deadline > n.now AS valid
-), notify AS MATERIALIZED (
-    SELECT pg_notify('sqllock.ashlock_bench.sqllock_locks', $1) FROM upd
-)
-SELECT u.valid IS NOT NULL AS released,
-       coalesce(u.valid, false) AS valid,
-       coalesce(c.token, 0) AS token,
-       coalesce(c.held, false) AS held,
-       coalesce(c.deadline, n.now) AS deadline,
-       n.now,
-       (SELECT count(*) FROM notify) AS notified
-FROM now AS n
-LEFT JOIN upd AS u ON true
-LEFT JOIN cur AS c ON true`
 )
 
 // AsyncResult is the asynchronous-release experiment.
@@ -83,37 +51,6 @@ type AsyncCheck struct {
 	SessionSetting string `json:"session_setting_after"`
 }
 
-func (e *pgEnv) backendAsyncContender(name string) contender {
-	return contender{name: name, newWorker: func(id int, rng *rand.Rand) pairFunc {
-		owner := fmt.Sprintf("bench-%d", id)
-		return func(ctx context.Context) (bool, error) {
-			l, err := e.backend.TryAcquire(ctx, sqllock.AcquireRequest{Key: e.keys[rng.IntN(len(e.keys))], TTL: e.ttl, Owner: owner})
-			if errors.Is(err, sqllock.ErrNotAcquired) {
-				return false, nil
-			}
-			if err != nil {
-				return false, err
-			}
-			return true, e.ashlockAsyncRelease(ctx, e.pool, l)
-		}
-	}}
-}
-
-func (e *pgEnv) ashlockAsyncRelease(ctx context.Context, q *pgxpool.Pool, l sqllock.Lease) error {
-	var (
-		released, valid, held bool
-		token, notified       int64
-		deadline, now         time.Time
-	)
-	if err := q.QueryRow(ctx, ashlockReleaseAsyncSQL, l.Key, l.Token).Scan(&released, &valid, &token, &held, &deadline, &now, &notified); err != nil {
-		return err
-	}
-	if !released || notified != 1 {
-		return fmt.Errorf("async release of %s/%d: released=%v notified=%d", l.Key, l.Token, released, notified)
-	}
-	return nil
-}
-
 func (e *pgEnv) asyncRelease(ctx context.Context, cfg *config) (*AsyncResult, error) {
 	start := time.Now()
 	sessionPool, err := e.newPool(ctx, int32(max(cfg.conc[len(cfg.conc)-1], 1)), map[string]string{"synchronous_commit": "off"})
@@ -127,8 +64,6 @@ func (e *pgEnv) asyncRelease(ctx context.Context, cfg *config) (*AsyncResult, er
 			e.rawContender("raw", rawReleaseSQL, nil),
 			e.rawContender("raw-async-stmt", rawReleaseAsyncSQL, nil),
 			e.rawContender("raw-async-session", rawReleaseSQL, sessionPool),
-			backendContender("backend", e.backend, e.keys, e.ttl),
-			e.backendAsyncContender("backend-async-stmt"),
 		},
 		conc: cfg.conc, rounds: cfg.rounds, dur: cfg.dur * 3 / 4, probe: e, warmup: cfg.warmup(), latency: true, statementsPer: true,
 	}
@@ -141,7 +76,7 @@ func (e *pgEnv) asyncRelease(ctx context.Context, cfg *config) (*AsyncResult, er
 	}
 	res.Cells = m.cells()
 	for _, g := range cfg.conc {
-		for _, p := range [][2]string{{"raw-async-stmt", "raw"}, {"raw-async-session", "raw"}, {"backend-async-stmt", "backend"}, {"backend-async-stmt", "raw"}, {"backend", "raw"}} {
+		for _, p := range [][2]string{{"raw-async-stmt", "raw"}, {"raw-async-session", "raw"}, {"raw-async-session", "raw-async-stmt"}} {
 			res.Ratios = append(res.Ratios, Ratio{Section: "async", A: p[0], B: p[1], Goroutines: g, AOverB: m.ratio(p[0], p[1], g)})
 		}
 	}
@@ -169,6 +104,10 @@ func (e *pgEnv) asyncChecks(ctx context.Context, cfg *config) ([]AsyncCheck, err
 	}
 	defer oneOff.Close()
 	oneBackend, err := postgres.New(one, postgres.Options{Schema: benchSchema})
+	if err != nil {
+		return nil, err
+	}
+	oneDurable, err := postgres.New(one, postgres.Options{Schema: benchSchema, DurableRelease: true})
 	if err != nil {
 		return nil, err
 	}
@@ -215,8 +154,11 @@ func (e *pgEnv) asyncChecks(ctx context.Context, cfg *config) ([]AsyncCheck, err
 			_, err := oneOff.Exec(ctx, rawReleaseSQL, key, token)
 			return err
 		}},
-		{name: "ashlock statement + set_config", conn: one, ashlock: true, release: func(ctx context.Context, _ string, _ int64, l sqllock.Lease) error {
-			return e.ashlockAsyncRelease(ctx, one, l)
+		{name: "ashlock Release, DurableRelease", conn: one, ashlock: true, release: func(ctx context.Context, _ string, _ int64, l sqllock.Lease) error {
+			return oneDurable.Release(ctx, l)
+		}},
+		{name: "ashlock Release, default", conn: one, ashlock: true, release: func(ctx context.Context, _ string, _ int64, l sqllock.Lease) error {
+			return oneBackend.Release(ctx, l)
 		}},
 	}
 	var out []AsyncCheck

@@ -16,6 +16,8 @@ const chartFile = "pg-throughput.png"
 
 var chartColors = map[string]color.RGBA{
 	"raw":              {0, 0, 0, 255},
+	"raw-async":        {90, 90, 90, 255},
+	"backend-durable":  {140, 86, 75, 255},
 	"backend":          {214, 39, 40, 255},
 	"backend-nonotify": {255, 127, 14, 255},
 	"client":           {148, 103, 189, 255},
@@ -43,7 +45,7 @@ func (r *Report) chart(path string) error {
 	p.X.Tick.Marker = plot.ConstantTicks(xt)
 	p.X.Min, p.X.Max = float64(gs[0])/1.3, float64(gs[len(gs)-1])*1.3
 	lo, hi := math.Inf(1), math.Inf(-1)
-	for i, c := range []string{"floor", "advisory", "raw", "backend", "backend-nonotify", "client", "pglock"} {
+	for i, c := range []string{"floor", "advisory", "raw", "raw-async", "backend", "backend-durable", "backend-nonotify", "client", "pglock"} {
 		var pts plotter.XYs
 		for _, g := range gs {
 			if cell, ok := r.cell("pg", c, g); ok && cell.OpsPerSec > 0 {
@@ -63,7 +65,7 @@ func (r *Report) chart(path string) error {
 		l.Width = vg.Points(1.5)
 		s.Shape = draw.GlyphDrawer(shapes[i%len(shapes)])
 		s.Radius = vg.Points(3)
-		if c == "raw" || c == "floor" {
+		if c == "raw" || c == "raw-async" || c == "floor" {
 			l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		}
 		p.Add(l, s)
@@ -88,4 +90,4 @@ func (r *Report) chart(path string) error {
 	return p.Save(9*vg.Inch, 5.5*vg.Inch, path)
 }
 
-var shapes = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.SquareGlyph{}, draw.TriangleGlyph{}, draw.PyramidGlyph{}, draw.CrossGlyph{}, draw.PlusGlyph{}, draw.RingGlyph{}}
+var shapes = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.SquareGlyph{}, draw.TriangleGlyph{}, draw.PyramidGlyph{}, draw.CrossGlyph{}, draw.PlusGlyph{}, draw.RingGlyph{}, draw.BoxGlyph{}, draw.CircleGlyph{}}

@@ -63,8 +63,8 @@ type pgEnv struct {
 	adminMu sync.Mutex
 	sqlDB   *sql.DB // pgx stdlib, for migrations
 
-	backend, backendNoNotify *postgres.Backend
-	client                   *sqllock.Client
+	backend, backendNoNotify, backendDurable *postgres.Backend
+	client                                   *sqllock.Client
 
 	pglockDB *sql.DB
 	pglock   *pglock.Client
@@ -148,6 +148,9 @@ func setupPG(ctx context.Context, baseURL string, maxConc, nkeys int) (*pgEnv, e
 	if e.backendNoNotify, err = postgres.New(e.pool, postgres.Options{Schema: benchSchema, DisableNotify: true}); err != nil {
 		return nil, err
 	}
+	if e.backendDurable, err = postgres.New(e.pool, postgres.Options{Schema: benchSchema, DurableRelease: true}); err != nil {
+		return nil, err
+	}
 	if e.client, err = sqllock.New(e.backend, sqllock.Options{Owner: "bench"}); err != nil {
 		return nil, err
 	}
@@ -175,6 +178,7 @@ func (e *pgEnv) close(ctx context.Context, dropSchema bool) {
 	if e.backend != nil {
 		e.backend.Close()
 		e.backendNoNotify.Close()
+		e.backendDurable.Close()
 	}
 	if e.pglockDB != nil {
 		e.pglockDB.Close()
@@ -322,7 +326,9 @@ func (e *pgEnv) throughput(cfg *config) *matrix {
 		section: "pg",
 		contenders: []contender{
 			e.rawContender("raw", rawReleaseSQL, nil),
+			e.rawContender("raw-async", rawReleaseAsyncSQL, nil),
 			backendContender("backend", e.backend, e.keys, e.ttl),
+			backendContender("backend-durable", e.backendDurable, e.keys, e.ttl),
 			backendContender("backend-nonotify", e.backendNoNotify, e.keys, e.ttl),
 			clientContender("client", e.client, e.keys),
 			e.pglockContender(),
