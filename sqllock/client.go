@@ -184,7 +184,10 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 // was indeterminate, it first settles it (see try).
 func (c *Client) waitEnded(ctx, wctx context.Context, req AcquireRequest, last error) error {
 	if errors.Is(last, ErrIndeterminate) {
-		if _, _, err := c.try(wctx, req, true); err != nil {
+		// wctx has ended: settle with a context of its own, or the first
+		// attempt would not even be sent and a grant that was applied would
+		// hold the key for a whole TTL.
+		if _, _, err := c.settle(wctx, req, last); err != nil {
 			last = err
 		}
 	}
@@ -196,16 +199,24 @@ func (c *Client) waitEnded(ctx, wctx context.Context, req AcquireRequest, last e
 }
 
 // try makes one acquire attempt. With settle set, an indeterminate outcome
-// is settled by repeating the same request (same owner) a few times: the
-// backend returns the grant if the lost attempt was applied. If ctx has
-// ended meanwhile, a grant obtained while settling is released at once and
-// the context's error returned, so no orphan lease outlives the call.
+// is settled (see settle).
 func (c *Client) try(ctx context.Context, req AcquireRequest, settle bool) (Lease, time.Time, error) {
 	sent := time.Now()
 	l, err := c.b.TryAcquire(ctx, req)
 	if err == nil || !settle || !errors.Is(err, ErrIndeterminate) {
 		return l, sent, err
 	}
+	return c.settle(ctx, req, err)
+}
+
+// settle settles an acquire whose outcome err was indeterminate by
+// repeating the same request (same owner) a few times: the backend returns
+// the grant if the lost attempt was applied. If ctx has ended (before or
+// meanwhile), the repeats run under a context of their own bounded by
+// ReleaseTimeout, and a grant they find is released at once and the
+// context's error returned, so no orphan lease outlives the call.
+func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lease, time.Time, error) {
+	sent := time.Now()
 	sctx := ctx
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc

@@ -515,6 +515,31 @@ func TestIndeterminateAcquireAfterContextEndIsReleased(t *testing.T) {
 	})
 }
 
+func TestIndeterminateAcquireWhenTheWaitEnds(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		var first atomic.Bool
+		first.Store(true)
+		tb.b.acquire = func(actx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+			if actx.Err() != nil {
+				return sqllock.Lease{}, actx.Err() // not sent
+			}
+			if first.Swap(false) {
+				// Applied, but the reply is lost when the wait ends.
+				_, err := tb.mem.TryAcquire(actx, req)
+				require.NoError(t, err)
+				<-actx.Done()
+				return sqllock.Lease{}, errors.Join(sqllock.ErrIndeterminate, actx.Err())
+			}
+			return tb.mem.TryAcquire(actx, req)
+		}
+		_, err := tb.client.Acquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: time.Second})
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.False(t, held(t, tb.mem, "k"), "the grant applied before the wait ended was settled and released")
+	})
+}
+
 func TestIndeterminateUnsettled(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
