@@ -289,7 +289,7 @@ func CheckGuard(h *History, r *Report) {
 			continue
 		}
 		if bound := last + int64(g.TTL-g.Margin) + eps; g.End > bound {
-			if rel, ok := releases[l]; ok && rel <= bound {
+			if rel, ok := releases[l]; ok && rel <= bound && !h.Params.StrictRelease {
 				// Release was called in time, but the context is
 				// cancelled only when the release returns.
 				r.ReleaseOverlaps++
@@ -348,7 +348,7 @@ func CheckGuard(h *History, r *Report) {
 					r.ForcedOverlaps++
 				case h.Params.ClockStepsBeyondMargin && hasEvent(h, EvClockJump, "", from, max(a.Start, b.Start), true):
 					r.ClockOverlaps++
-				case released && rel <= b.Start:
+				case released && rel <= b.Start && !h.Params.StrictRelease:
 					// The holder had called Release before the next
 					// holder started; its context stays valid until the
 					// release returns (retries included).

@@ -72,6 +72,9 @@ func runSeed(t *testing.T, cfg sim.Config) (*sim.Result, *history.Report, porcup
 func failSeed(t *testing.T, test string, res *sim.Result, rep *history.Report, model porcupine.Model, info porcupine.LinearizationInfo) {
 	t.Helper()
 	replay := fmt.Sprintf("SIM_SEED=%d go test ./internal/sim -run '^%s$' -v", res.History.Seed, test)
+	if res.History.Params.StrictRelease {
+		replay = "SQLLOCK_KNOWN_BUGS=1 " + replay
+	}
 	dir := history.ArtifactDir(t, fmt.Sprintf("seed-%d", res.History.Seed))
 	if err := history.WriteArtifacts(dir, res.History, rep, &model, &info, replay); err != nil {
 		t.Logf("writing artifacts: %v", err)
