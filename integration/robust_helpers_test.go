@@ -413,12 +413,12 @@ func (w *robustWorld) figures(test string, h *history.History, r *history.Report
 		fs = append(fs, fmt.Sprintf("%s:%d", k, v))
 	}
 	sort.Strings(fs)
-	s := fmt.Sprintf("RESULT test=%s backend=postgres ops: %s faults={%s} stale_writes={attempted:%d, rejected:%d, applied:%d} zombie_writes={attempted:%d, rejected:%d} accepted_writes=%d lin={%s, ops:%d, time:%v} token_regressions=%d db_overlaps=%d guard_violations=%d fence_violations=%d lost_updates=%d paused_overlaps=%d release_overlaps=%d anomalies=%d wall=%v",
+	s := fmt.Sprintf("RESULT test=%s backend=postgres ops: %s faults={%s} stale_writes={attempted:%d, rejected:%d, applied:%d} zombie_writes={attempted:%d, rejected:%d} accepted_writes=%d lin={%s, ops:%d, time:%v} token_regressions=%d db_overlaps=%d guard_violations=%d fence_violations=%d lost_updates=%d paused_overlaps=%d anomalies=%d wall=%v",
 		test, strings.Join(parts, " "), strings.Join(fs, ", "),
 		r.StaleAttempted, r.StaleRejected, r.StaleApplied, r.ZombieWrites, r.ZombieRejected, r.AcceptedWrites,
 		r.Lin, r.LinOps, r.LinTime.Round(time.Millisecond),
 		r.Count(history.CToken), r.Count(history.CDBOverlap), r.Count(history.CGuard), r.Count(history.CFence), r.Count(history.CLostUpdate),
-		r.PausedOverlaps, r.ReleaseOverlaps, r.Anomalies(), time.Since(w.start).Round(time.Millisecond))
+		r.PausedOverlaps, r.Anomalies(), time.Since(w.start).Round(time.Millisecond))
 	for _, e := range extra {
 		s += " " + e
 	}

@@ -299,6 +299,10 @@ func (g *Guard) Release(ctx context.Context) error {
 	g.finishing = true
 	g.expiry.Stop()
 	g.mu.Unlock()
+	// The Guard stops counting as held before anything is sent: once the
+	// backend applies the release another client may take the key, and the
+	// release may take longer than the local deadline.
+	g.cancel(ErrReleased)
 	g.wdCancel()
 	<-g.done
 	if first {
@@ -310,11 +314,10 @@ func (g *Guard) Release(ctx context.Context) error {
 }
 
 // releaseBackend releases the lease at the backend (unless a newer token or
-// a release already ended it), cancels the Guard's context with ErrReleased
-// (unless it already ended) and forgets the Guard. It runs once.
+// a release already ended it) and forgets the Guard. It runs once, after
+// the Guard's context has ended.
 func (g *Guard) releaseBackend(ctx context.Context) error {
 	defer g.c.forget(g)
-	defer g.cancel(ErrReleased)
 	g.mu.Lock()
 	lease, lost := g.lease, g.lost
 	g.mu.Unlock()

@@ -43,11 +43,6 @@ type Report struct {
 	PausedOverlaps int `json:"paused_overlaps"`
 	ForcedOverlaps int `json:"forced_overlaps"`
 	ClockOverlaps  int `json:"clock_overlaps"`
-	// ReleaseOverlaps: the holder had called Release, the backend had
-	// applied it and a new holder started, while the old guard's context
-	// was still valid because Release cancels it only after the backend
-	// call returns (retries included). Reported to the core owner.
-	ReleaseOverlaps int `json:"release_overlaps"`
 
 	// Fenced accesses: writes whose token was below the highest the
 	// resource had seen (attempted = rejected + applied; applied must be
@@ -289,12 +284,6 @@ func CheckGuard(h *History, r *Report) {
 			continue
 		}
 		if bound := last + int64(g.TTL-g.Margin) + eps; g.End > bound {
-			if rel, ok := releases[l]; ok && rel <= bound && !h.Params.StrictRelease {
-				// Release was called in time, but the context is
-				// cancelled only when the release returns.
-				r.ReleaseOverlaps++
-				continue
-			}
 			r.add(CGuard, g.Key, g.End, "guard %d (token %d) cancelled at %v, after send time of its last success %v + TTL %v - margin %v = %v",
 				g.ID, g.Token, time.Duration(g.End), time.Duration(last), g.TTL, g.Margin, time.Duration(bound))
 		}
@@ -340,7 +329,6 @@ func CheckGuard(h *History, r *Report) {
 				if !ok {
 					from = a.Start
 				}
-				rel, released := releases[la]
 				switch {
 				case b.Start >= a.End:
 					r.PausedOverlaps++
@@ -348,11 +336,6 @@ func CheckGuard(h *History, r *Report) {
 					r.ForcedOverlaps++
 				case h.Params.ClockStepsBeyondMargin && hasEvent(h, EvClockJump, "", from, max(a.Start, b.Start), true):
 					r.ClockOverlaps++
-				case released && rel <= b.Start && !h.Params.StrictRelease:
-					// The holder had called Release before the next
-					// holder started; its context stays valid until the
-					// release returns (retries included).
-					r.ReleaseOverlaps++
 				default:
 					r.add(CGuard, key, max(a.Start, b.Start), "guards overlap in local time: guard %d (token %d, %q) [%v, %v] and guard %d (token %d, %q) [%v, %v]",
 						a.ID, a.Token, a.Owner, time.Duration(a.Start), time.Duration(a.End), b.ID, b.Token, b.Owner, time.Duration(b.Start), time.Duration(b.End))

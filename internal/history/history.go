@@ -213,11 +213,6 @@ type Params struct {
 	ClockStepsBeyondMargin bool `json:"clock_steps_beyond_margin"`
 	// NoLiveness skips C-LIVE (real-time runs where it is checked apart).
 	NoLiveness bool `json:"no_liveness"`
-	// StrictRelease reports as C-GUARD violations the guards whose
-	// context outlived their release at the backend or their local
-	// deadline while Release was in flight (a known core bug), instead of
-	// counting them as ReleaseOverlaps.
-	StrictRelease bool `json:"strict_release,omitempty"`
 }
 
 // History is everything recorded in one run.

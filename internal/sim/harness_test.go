@@ -72,9 +72,6 @@ func runSeed(t *testing.T, cfg sim.Config) (*sim.Result, *history.Report, porcup
 func failSeed(t *testing.T, test string, res *sim.Result, rep *history.Report, model porcupine.Model, info porcupine.LinearizationInfo) {
 	t.Helper()
 	replay := fmt.Sprintf("SIM_SEED=%d go test ./internal/sim -run '^%s$' -v", res.History.Seed, test)
-	if res.History.Params.StrictRelease {
-		replay = "SQLLOCK_KNOWN_BUGS=1 " + replay
-	}
 	dir := history.ArtifactDir(t, fmt.Sprintf("seed-%d", res.History.Seed))
 	if err := history.WriteArtifacts(dir, res.History, rep, &model, &info, replay); err != nil {
 		t.Logf("writing artifacts: %v", err)
@@ -126,7 +123,6 @@ func (f *figures) add(res *sim.Result, rep *history.Report, wall time.Duration) 
 	f.rep.PausedOverlaps += rep.PausedOverlaps
 	f.rep.ForcedOverlaps += rep.ForcedOverlaps
 	f.rep.ClockOverlaps += rep.ClockOverlaps
-	f.rep.ReleaseOverlaps += rep.ReleaseOverlaps
 	f.rep.LiveObligations += rep.LiveObligations
 	f.rep.Violations = append(f.rep.Violations, rep.Violations...)
 	f.anomalies += rep.Anomalies()
@@ -155,13 +151,13 @@ func (f *figures) line(test string) string {
 	s := fmt.Sprintf("RESULT test=%s backend=memory+faults seeds=%d ops: %s faults=%s "+
 		"stale_writes={attempted:%d, rejected:%d, applied:%d} zombie_writes={attempted:%d, rejected:%d} accepted_writes=%d "+
 		"lin={%s, time:%v} token_regressions=%d db_overlaps=%d guard_violations=%d fence_violations=%d lost_updates=%d liveness_violations=%d live_obligations=%d "+
-		"paused_overlaps=%d forced_overlaps=%d clock_overlaps=%d release_overlaps=%d anomalies=%d fake_time=%v slowest_seed=%d(%v) wall=%v",
+		"paused_overlaps=%d forced_overlaps=%d clock_overlaps=%d anomalies=%d fake_time=%v slowest_seed=%d(%v) wall=%v",
 		test, f.seeds, sim.FormatOps(f.ops), faultbackend.FormatCounts(f.faults, kinds...),
 		r.StaleAttempted, r.StaleRejected, r.StaleApplied, r.ZombieWrites, r.ZombieRejected, r.AcceptedWrites,
 		strings.Join(lins, " "), f.linTime.Round(time.Millisecond),
 		r.Count(history.CToken), r.Count(history.CDBOverlap), r.Count(history.CGuard), r.Count(history.CFence),
 		r.Count(history.CLostUpdate), r.Count(history.CLive), r.LiveObligations,
-		r.PausedOverlaps, r.ForcedOverlaps, r.ClockOverlaps, r.ReleaseOverlaps, f.anomalies, f.fake.Round(time.Second),
+		r.PausedOverlaps, r.ForcedOverlaps, r.ClockOverlaps, f.anomalies, f.fake.Round(time.Second),
 		f.slowSeed, f.slowest.Round(time.Millisecond), time.Since(f.start).Round(time.Millisecond))
 	for _, e := range f.extra {
 		s += " " + e

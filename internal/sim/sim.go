@@ -79,9 +79,6 @@ type Config struct {
 	Seed     uint64
 	Steps    int // driver steps; default 200
 	Scenario Scenario
-	// StrictRelease makes the known Release bug an anomaly (see
-	// history.Params.StrictRelease).
-	StrictRelease bool
 }
 
 // Result is one run's record.
@@ -185,8 +182,7 @@ func Run(cfg Config) *Result {
 	if w.active[faultbackend.Hang] {
 		w.prob[faultbackend.Hang] = 0.03
 	}
-	params := history.Params{Poll: Poll + 2*spread, TokenStep1: true, ClockStepsBeyondMargin: cfg.Scenario == ClockStep,
-		StrictRelease: cfg.StrictRelease}
+	params := history.Params{Poll: Poll + 2*spread, TokenStep1: true, ClockStepsBeyondMargin: cfg.Scenario == ClockStep}
 	w.rec = history.NewRecorder(fmt.Sprintf("sim-%d", cfg.Scenario), cfg.Seed, params)
 	w.clock = faultbackend.NewClock(time.Now)
 	w.mem = memory.NewWithClock(w.clock.Now)

@@ -19,9 +19,7 @@ const shards = 4
 func TestSim(t *testing.T) {
 	f := newFigures()
 	if seed, ok := seedFromEnv(t); ok {
-		// SQLLOCK_KNOWN_BUGS=1 reports the known Release bug of a seed
-		// as an anomaly, with its artifacts.
-		res, rep, model, info, wall := runSeed(t, sim.Config{Seed: seed, StrictRelease: os.Getenv("SQLLOCK_KNOWN_BUGS") == "1"})
+		res, rep, model, info, wall := runSeed(t, sim.Config{Seed: seed})
 		f.add(res, rep, wall)
 		if rep.Anomalies() > 0 {
 			failSeed(t, "TestSim", res, rep, model, info)

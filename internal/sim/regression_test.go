@@ -2,7 +2,6 @@ package sim_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -13,14 +12,9 @@ import (
 	"github.com/ashlock/ashlock/sqllock"
 )
 
-// Known core bugs found by the simulation, kept out of the committed run
-// until the core owner fixes them: run with SQLLOCK_KNOWN_BUGS=1.
-func knownBug(t *testing.T) {
-	t.Helper()
-	if os.Getenv("SQLLOCK_KNOWN_BUGS") != "1" {
-		t.Skip("known core bug (sqllock/guard.go: Release cancels the guard's context only after the backend release returns); SQLLOCK_KNOWN_BUGS=1 runs it")
-	}
-}
+// Regression tests for core bugs the simulation found: each was an anomaly
+// on the seeds named in its comment until sqllock/guard.go's Release
+// cancelled the guard's context before calling the backend.
 
 // slowRelease applies a release at once, but its reply takes delay.
 type slowRelease struct {
@@ -42,15 +36,12 @@ func newClient(t *testing.T, b sqllock.Backend, owner string) *sqllock.Client {
 	return c
 }
 
-// TestKnownBugGuardOutlivesItsRelease (found by TestSim, counted there as
-// release_overlaps; SQLLOCK_KNOWN_BUGS=1 SIM_SEED=1 go test ./internal/sim
-// -run '^TestSim$' -v shows a seed's cases, also SIM_SEED=0, 2, 3, 8, 11):
-// while Release is in flight
-// the backend has already freed the key and another client holds it, but
-// the releasing guard's context is still valid. A goroutine of the old
-// holder that watches g.Context() keeps working beside the new holder.
-func TestKnownBugGuardOutlivesItsRelease(t *testing.T) {
-	knownBug(t)
+// TestRegressionGuardOutlivesItsRelease (found by TestSim on seeds 0, 1, 2,
+// 3, 8, 11): while Release was in flight the backend had already freed the
+// key and another client held it, but the releasing guard's context was
+// still valid, so a goroutine of the old holder that watched g.Context()
+// kept working beside the new holder.
+func TestRegressionGuardOutlivesItsRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mem := memory.New()
 		a, b := newClient(t, slowRelease{mem, time.Second}, "a"), newClient(t, mem, "b")
@@ -63,16 +54,15 @@ func TestKnownBugGuardOutlivesItsRelease(t *testing.T) {
 		require.NoError(t, err)
 		defer func() { require.NoError(t, gb.Release(context.Background())) }()
 		defer func() { require.NoError(t, <-done) }()
-		require.Error(t, g.Context().Err(), "a's guard is still valid while b holds the key")
+		require.Error(t, g.Context().Err(), "a's guard must not be valid while b holds the key")
 	})
 }
 
-// TestKnownBugReleaseDelaysCancelPastLocalDeadline (found by TestSim, as
-// above; SIM_SEED=19, 29, 34, 38, 113 show this case): Release stops the expiry timer and cancels the
-// context only when the backend call returns, so a slow release keeps the
-// context valid past the guard's local deadline (G3).
-func TestKnownBugReleaseDelaysCancelPastLocalDeadline(t *testing.T) {
-	knownBug(t)
+// TestRegressionReleaseDelaysCancelPastLocalDeadline (found by TestSim on
+// seeds 19, 29, 34, 38, 113): Release stopped the expiry timer and
+// cancelled the context only when the backend call returned, so a slow
+// release kept the context valid past the guard's local deadline (G3).
+func TestRegressionReleaseDelaysCancelPastLocalDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mem := memory.New()
 		a := newClient(t, slowRelease{mem, 2 * time.Second}, "a")
@@ -85,6 +75,6 @@ func TestKnownBugReleaseDelaysCancelPastLocalDeadline(t *testing.T) {
 		time.Sleep(time.Until(deadline))
 		synctest.Wait()
 		defer func() { <-done }()
-		require.Error(t, g.Context().Err(), "the guard's context is valid after its local deadline")
+		require.Error(t, g.Context().Err(), "the guard's context must not be valid after its local deadline")
 	})
 }
