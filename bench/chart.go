@@ -16,14 +16,14 @@ const chartFile = "pg-throughput.png"
 
 var chartColors = map[string]color.RGBA{
 	"raw":              {0, 0, 0, 255},
-	"raw-async":        {90, 90, 90, 255},
+	"raw-async":        {23, 190, 207, 255},
 	"backend-durable":  {140, 86, 75, 255},
 	"backend":          {214, 39, 40, 255},
 	"backend-nonotify": {255, 127, 14, 255},
 	"client":           {148, 103, 189, 255},
 	"pglock":           {31, 119, 180, 255},
 	"advisory":         {44, 160, 44, 255},
-	"floor":            {127, 127, 127, 255},
+	"floor":            {170, 170, 170, 255},
 }
 
 // chart draws PostgreSQL pairs/s against goroutines, both on log scales.
@@ -33,7 +33,7 @@ func (r *Report) chart(path string) error {
 		return nil
 	}
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("PostgreSQL %s, acquire + release pairs/s (durable, %d CPUs)", strings.Fields(r.Env.PGVersion + " ?")[0], r.Env.CPUs)
+	p.Title.Text = fmt.Sprintf("PostgreSQL %s (fsync on), acquire + release pairs/s, %d CPUs", strings.Fields(r.Env.PGVersion + " ?")[0], r.Env.CPUs)
 	p.X.Label.Text = "goroutines"
 	p.Y.Label.Text = "pairs/s (log scale)"
 	p.X.Scale = plot.LogScale{}
