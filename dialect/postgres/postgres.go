@@ -149,20 +149,22 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	if opts.DurableRelease {
 		releaseCommit = "NULL::text"
 	}
+	notify, notified := "", "0::bigint"
+	if b.notify {
+		notify, notified = notifyCTE, notifiedSQL
+	}
 	fill := func(q string) string {
+		q = strings.ReplaceAll(q, "{{notify_cte}}", notify)
+		q = strings.ReplaceAll(q, "{{notified}}", notified)
+		q = strings.ReplaceAll(q, "{{release_commit}}", releaseCommit)
+		q = strings.ReplaceAll(q, "{{table}}", quoted)
 		// A quoted, validated name holds no single quote: as a string
 		// literal (for ::regclass) it needs no escaping.
-		q = strings.ReplaceAll(q, "{{table}}", quoted)
-		q = strings.ReplaceAll(q, "{{release_commit}}", releaseCommit)
 		return strings.ReplaceAll(q, "{{table_literal}}", "'"+quoted+"'")
 	}
 	b.acquireSQL = fill(acquireSQL)
 	b.renewSQL = fill(renewSQL)
-	release := releaseSQL
-	if b.notify {
-		release = releaseNotifySQL
-	}
-	b.releaseSQL = fill(release)
+	b.releaseSQL = fill(releaseSQL)
 	b.listSQL = fill(listSQL)
 	b.fenceSQL = fill(fenceSQL)
 	b.channelSQL = fill(channelSQL)

@@ -121,12 +121,13 @@ LEFT JOIN cur AS c ON true`
 // commit, notifying releases serialize on the disk (BENCH.md ratio 0.36 at
 // 16 goroutines).
 //
-// releaseNotifySQL is the same statement plus a pg_notify of the key on the
-// table's channel (channelSQL) when (and only when) a row was released; the
-// notification is delivered when the statement commits. The "notify" CTE
-// is a SELECT, so it runs only because the final SELECT reads it, in an
-// output column (a LEFT JOIN that reads none of its columns would be removed
-// by the planner, and the notification with it). Both statements return the
+// With notifications on, {{notify_cte}} adds a pg_notify of the key on the
+// table's channel (channelSQL) when (and only when) a row was released, and
+// {{notified}} reads it; the notification is delivered when the statement
+// commits. The "notify" CTE is a SELECT, so it runs only because the final
+// SELECT reads it, in an output column (a LEFT JOIN that reads none of its
+// columns would be removed by the planner, and the notification with it).
+// With notifications off they become nothing and 0: both forms return the
 // same columns.
 const releaseSQL = `
 WITH now AS MATERIALIZED (
@@ -140,43 +141,26 @@ WITH now AS MATERIALIZED (
     FROM now AS n
     WHERE l.key = $1 AND l.token = $2 AND l.held
     RETURNING l.deadline > n.now AS valid
-)
+){{notify_cte}}
 SELECT u.valid IS NOT NULL AS released,
        coalesce(u.valid, false) AS valid,
        coalesce(c.token, 0) AS token,
        coalesce(c.held, false) AS held,
        coalesce(c.deadline, n.now) AS deadline,
        n.now,
-       0::bigint AS notified
+       {{notified}} AS notified
 FROM now AS n
 LEFT JOIN upd AS u ON true
 LEFT JOIN cur AS c ON true`
 
-const releaseNotifySQL = `
-WITH now AS MATERIALIZED (
-    SELECT clock_timestamp() AS now,
-           {{release_commit}} AS async
-), cur AS MATERIALIZED (
-    SELECT token, held, deadline FROM {{table}} WHERE key = $1
-), upd AS (
-    UPDATE {{table}} AS l
-    SET held = false
-    FROM now AS n
-    WHERE l.key = $1 AND l.token = $2 AND l.held
-    RETURNING l.deadline > n.now AS valid
-), notify AS MATERIALIZED (
+// notifyCTE and notifiedSQL fill {{notify_cte}} and {{notified}} of
+// releaseSQL when notifications are on.
+const (
+	notifyCTE = `, notify AS MATERIALIZED (
     SELECT pg_notify('sqllock.' || {{table_literal}}::regclass::oid::text, $1) FROM upd
+)`
+	notifiedSQL = `(SELECT count(*) FROM notify)`
 )
-SELECT u.valid IS NOT NULL AS released,
-       coalesce(u.valid, false) AS valid,
-       coalesce(c.token, 0) AS token,
-       coalesce(c.held, false) AS held,
-       coalesce(c.deadline, n.now) AS deadline,
-       n.now,
-       (SELECT count(*) FROM notify) AS notified
-FROM now AS n
-LEFT JOIN upd AS u ON true
-LEFT JOIN cur AS c ON true`
 
 // listSQL lists the keys that start with $1 (compared as text, so "%" and
 // "_" are literal), in byte order (COLLATE "C", the order of Go strings).
