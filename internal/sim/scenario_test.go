@@ -67,9 +67,3 @@ func TestSimDBClockStep(t *testing.T) {
 	require.Equal(t, clockOverlaps, detected, "C-GUARD must report every clock-step overlap when steps are not declared")
 	require.Zero(t, f.rep.StaleApplied)
 }
-
-func guardOnly(h *history.History) *history.Report {
-	r := &history.Report{}
-	history.CheckGuard(h, r)
-	return r
-}

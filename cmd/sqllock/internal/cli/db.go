@@ -74,9 +74,7 @@ func (e *env) resolveDatabase(flagURL string) (*database, error) {
 		}
 		return &database{dialect: migrations.Postgres, pg: cfg, display: displayURL(raw)}, nil
 	case scheme == "sqlite":
-		if strings.HasPrefix(rest, "//") {
-			rest = rest[2:] // sqlite:///abs/path and sqlite://rel/path
-		}
+		rest = strings.TrimPrefix(rest, "//") // sqlite:///abs/path and sqlite://rel/path
 		if rest == "" {
 			return nil, fail(ExitConfig, "%q names no file: want sqlite:PATH", raw)
 		}
