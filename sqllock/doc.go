@@ -95,6 +95,33 @@
 // exactly-once work; safety across failover to an asynchronous standby; on
 // SQLite the "database clock" is the host's wall clock.
 //
+// # Errors
+//
+// Every error matches a sentinel with [errors.Is]; two carry details for
+// [errors.As]:
+//
+//   - [ErrNotAcquired] ([*HeldError]: holder, token, remaining lease): the
+//     key is held. Acquire waits it out; TryAcquire returns it.
+//   - [ErrLeaseLost] ([*LostError]: expired, taken by a newer token,
+//     released, or backend unreachable until the local deadline): the lease
+//     is gone or can no longer be trusted. It is the [context.Cause] of a
+//     lost Guard, and Release returns it when the critical section may have
+//     overlapped another holder's.
+//   - [ErrReleased]: the cause of a Guard's context after Release.
+//   - [ErrIndeterminate]: a reply was lost; the operation may or may not
+//     have been applied. The client settles acquires by repeating the same
+//     request; when it cannot, no Guard is handed out and this is returned.
+//   - [ErrUnavailable]: a transient backend failure (connection lost,
+//     read-only server, busy SQLite file). The watchdog retries it until the
+//     local deadline; it is never a loss by itself.
+//   - [ErrInvalidKey], [ErrInvalidTTL], [ErrInvalidOwner],
+//     [ErrInvalidToken]: bad input, refused before any I/O by every backend.
+//   - [ErrSchemaMissing]: the lock table does not exist; run `sqllock
+//     migrate up`.
+//   - [ErrTokenExhausted]: the key's token reached the largest int64; it is
+//     never reused, so the key cannot be granted again.
+//   - [ErrClosed]: the Client was closed.
+//
 // # Choosing a backend
 //
 // PostgreSQL (dialect/postgres) serves many hosts: pass the application's
