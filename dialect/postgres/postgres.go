@@ -355,10 +355,8 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 // (no LIKE patterns); keys come in byte order, as Go sorts strings. An
 // empty prefix lists every key.
 func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
-	if prefix != "" {
-		if err := sqllock.ValidateKey(prefix); err != nil {
-			return nil, err
-		}
+	if err := sqllock.ValidatePrefix(prefix); err != nil {
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, notSent(opList, prefix, err)
