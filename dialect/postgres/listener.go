@@ -32,11 +32,16 @@ func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
 	if b.closed {
 		return ch, func() {}
 	}
-	if b.listener == nil {
-		b.listener = startListener(b)
-	}
 	l := b.listener
+	if l == nil {
+		l = newListener(b)
+		b.listener = l
+	}
+	// Subscribe before the listener can start listening, so the first
+	// watcher is woken by the first LISTEN like every later one is by a
+	// release.
 	l.add(key, ch)
+	l.start()
 	var once sync.Once
 	return ch, func() { once.Do(func() { l.remove(key, ch) }) }
 }
@@ -49,16 +54,24 @@ type listener struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
+	started bool // guarded by b.mu
+
 	mu   sync.Mutex
 	subs map[string]map[chan struct{}]struct{}
 	pid  uint32 // backend PID of the listening connection, 0 when none (tests)
 }
 
-func startListener(b *Backend) *listener {
+func newListener(b *Backend) *listener {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &listener{b: b, ctx: ctx, cancel: cancel, done: make(chan struct{}), subs: map[string]map[chan struct{}]struct{}{}}
-	go l.run()
-	return l
+	return &listener{b: b, ctx: ctx, cancel: cancel, done: make(chan struct{}), subs: map[string]map[chan struct{}]struct{}{}}
+}
+
+// start runs the listening goroutine once; the caller holds b.mu.
+func (l *listener) start() {
+	if !l.started {
+		l.started = true
+		go l.run()
+	}
 }
 
 func (l *listener) stop() {
@@ -101,9 +114,7 @@ func (l *listener) wake(key string) {
 	}
 }
 
-func (l *listener) wakeAll() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+func (l *listener) wakeAllLocked() {
 	for _, set := range l.subs {
 		for ch := range set {
 			signal(ch)
@@ -167,11 +178,13 @@ func (l *listener) session() (listened bool, err error) {
 	if _, err := conn.Exec(l.ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		return false, err
 	}
+	l.b.log.Debug("sqllock/postgres: listening", "table", l.b.table, "channel", channel, "pid", conn.PgConn().PID())
+	// One step: a watcher added from here on needs no wake-up (it is
+	// listened for), and one added before gets it.
 	l.mu.Lock()
 	l.pid = conn.PgConn().PID()
+	l.wakeAllLocked()
 	l.mu.Unlock()
-	l.b.log.Debug("sqllock/postgres: listening", "table", l.b.table, "channel", channel, "pid", conn.PgConn().PID())
-	l.wakeAll()
 	for {
 		n, err := conn.WaitForNotification(l.ctx)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"testing"
 	"time"
@@ -48,6 +49,10 @@ func newBundle(t testing.TB, opts Options) *testBundle {
 	mo := migrations.Options{Schema: cmp.Or(opts.Schema, db.Schema), Table: opts.Table}
 	err := migrations.Up(testCtx(t), migrations.Postgres, sqlDB, mo)
 	require.NoError(t, err)
+	if opts.Logger == nil {
+		// The listener's reconnects show up in the failing test's output.
+		opts.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	}
 	b, err := New(db.Pool, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
