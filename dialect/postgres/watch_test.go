@@ -33,9 +33,12 @@ func noWake(t *testing.T, ch <-chan struct{}, what string) {
 // LISTEN, then drains the others': whether a watcher added after the first
 // got that wake-up depends on when it was added (one added once the
 // listener listens needs none), so later checks must not see it.
-func listening(t *testing.T, first <-chan struct{}, others ...<-chan struct{}) {
+func listening(t *testing.T, b *Backend, first <-chan struct{}, others ...<-chan struct{}) {
 	t.Helper()
 	wakeWithin(t, first, 10*time.Second, "the listener's first LISTEN wakes the watchers added before it")
+	// The wake-ups go out in one critical section, in map order: wait for
+	// its end before draining, or a wake-up could land after the drain.
+	require.NotZero(t, b.listener.listeningPID())
 	for _, ch := range others {
 		select {
 		case <-ch:
@@ -66,7 +69,7 @@ func TestWatch(t *testing.T) {
 		defer stop()
 		unrelated, stopUnrelated := b.Watch("unrelated")
 		defer stopUnrelated()
-		listening(t, ch, unrelated)
+		listening(t, b, ch, unrelated)
 
 		var lat []time.Duration
 		for range 20 {
@@ -104,7 +107,7 @@ func TestWatch(t *testing.T) {
 		defer stop()
 		marker, stopMarker := a.Watch("marker")
 		defer stopMarker()
-		listening(t, ch, marker)
+		listening(t, a, ch, marker)
 
 		l := acquireOK(t, b, "k", "o1", time.Minute)
 		require.NoError(t, b.Release(testCtx(t), l))
@@ -123,7 +126,7 @@ func TestWatch(t *testing.T) {
 		b := bundle.backend
 		ch, stop := b.Watch("k")
 		defer stop()
-		listening(t, ch)
+		listening(t, b, ch)
 		pid := b.listener.listeningPID()
 		require.NotZero(t, pid)
 
@@ -145,7 +148,7 @@ func TestWatch(t *testing.T) {
 		bundle := newBundle(t, Options{})
 		b := bundle.backend
 		ch, stop := b.Watch("k")
-		listening(t, ch)
+		listening(t, b, ch)
 		stop()
 		stop() // idempotent
 		l := acquireOK(t, b, "k", "o1", time.Minute)
@@ -191,7 +194,7 @@ func TestWatch(t *testing.T) {
 		t.Cleanup(func() { loud.Close() })
 		loudCh, stopLoud := loud.Watch("k")
 		defer stopLoud()
-		listening(t, loudCh)
+		listening(t, loud, loudCh)
 		l := acquireOK(t, loud, "k", "o1", time.Minute)
 		require.NoError(t, loud.Release(testCtx(t), l))
 		wakeWithin(t, loudCh, 10*time.Second, "Release")
