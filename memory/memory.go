@@ -136,7 +136,7 @@ func lostReason(e *entry, l sqllock.Lease, now time.Time) *sqllock.LostError {
 	case l.Token < e.token:
 		lost.Reason, lost.Current = sqllock.LostTaken, e.token
 	case !e.held:
-		lost.Reason = sqllock.LostReleased
+		lost.Reason, lost.By = sqllock.LostReleased, e.owner
 	case !now.Before(e.deadline):
 		lost.Reason = sqllock.LostExpired
 	default:
@@ -157,11 +157,12 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	defer b.mu.Unlock()
 	e := b.keys[l.Key]
 	lost := lostReason(e, l, b.now())
-	if lost != nil && lost.Reason == sqllock.LostReleased && e != nil && e.token == l.Token {
-		return nil // released twice
+	if lost != nil && lost.Reason == sqllock.LostReleased && e != nil && e.token == l.Token && e.owner == l.Owner {
+		return nil // released twice by its owner
 	}
 	if e != nil && e.token == l.Token && e.held {
 		e.held = false
+		e.owner = l.Owner
 		if mutant.On(mutant.ReleaseDeletesRow) {
 			delete(b.keys, l.Key)
 		}

@@ -46,14 +46,21 @@ type Backend interface {
 	TryRenew(ctx context.Context, l Lease, ttl time.Duration) (Lease, error)
 
 	// Release ends the lease iff l.Token is the key's current token: it
-	// clears held and keeps the token, so the next grant continues above it.
-	// It never touches a newer holder's lease. Releasing an already released
-	// lease returns nil. If the lease was no longer valid when released (a
-	// newer token exists, or its deadline had passed) it returns
+	// clears held, keeps the token (so the next grant continues above it)
+	// and records l.Owner as the one who released. It never touches a
+	// newer holder's lease. If the lease was no longer valid when released
+	// (a newer token exists, or its deadline had passed) it returns
 	// [ErrLeaseLost] as a [*LostError], so the caller learns its critical
 	// section may have overlapped another; the row is cleared all the same
-	// when the token is current. [ErrIndeterminate] when the reply was lost;
-	// repeating the release is harmless.
+	// when the token is current.
+	//
+	// Releasing an already released lease returns nil if l.Owner released
+	// it (a repeat, for instance after [ErrIndeterminate]), and
+	// [ErrLeaseLost] with [LostReleased] if someone else did: a forced
+	// release (by the token, under another owner, as `sqllock release
+	// --force` does) ended the holder's lease while it worked.
+	// [ErrIndeterminate] when the reply was lost; repeating the release is
+	// harmless.
 	Release(ctx context.Context, l Lease) error
 
 	// List returns the keys that start with prefix, in key order, including

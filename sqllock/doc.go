@@ -103,10 +103,12 @@
 //   - [ErrNotAcquired] ([*HeldError]: holder, token, remaining lease): the
 //     key is held. Acquire waits it out; TryAcquire returns it.
 //   - [ErrLeaseLost] ([*LostError]: expired, taken by a newer token,
-//     released, or backend unreachable until the local deadline): the lease
-//     is gone or can no longer be trusted. It is the [context.Cause] of a
-//     lost Guard, and Release returns it when the critical section may have
-//     overlapped another holder's.
+//     released by someone else (a forced release, with who did it), or
+//     backend unreachable until the local deadline): the lease is gone or
+//     can no longer be trusted. It is the [context.Cause] of a lost Guard,
+//     and Release returns it when the critical section may have overlapped
+//     another holder's, also when a forced release ended the lease after
+//     the last renewal.
 //   - [ErrReleased]: the cause of a Guard's context after Release.
 //   - [ErrIndeterminate]: a reply was lost; the operation may or may not
 //     have been applied. The client settles acquires by repeating the same

@@ -97,7 +97,8 @@ const (
 	LostExpired LostReason = iota + 1
 	// LostTaken: a newer token was granted on the key.
 	LostTaken
-	// LostReleased: the lease was released (by this holder, or by force).
+	// LostReleased: the lease was released by someone other than its
+	// holder (a forced release), or its row was removed.
 	LostReleased
 	// LostUnreachable: renewals failed with transient errors until the local
 	// deadline passed; the lease may still exist at the backend, but the
@@ -128,6 +129,9 @@ type LostError struct {
 	// Current is the key's current token when the backend reported it
 	// (LostTaken), else 0.
 	Current int64
+	// By is the owner recorded by the release that ended the lease
+	// (LostReleased), when the backend reported it, else "".
+	By string
 	// Err is the last backend error seen, if any (for LostUnreachable).
 	Err error
 }
@@ -136,6 +140,9 @@ func (e *LostError) Error() string {
 	s := fmt.Sprintf("sqllock: lease lost: %q token %d %s", e.Key, e.Token, e.Reason)
 	if e.Reason == LostTaken && e.Current > 0 {
 		s += fmt.Sprintf(" (current token %d)", e.Current)
+	}
+	if e.Reason == LostReleased && e.By != "" {
+		s += fmt.Sprintf(" by %q", e.By)
 	}
 	if e.Err != nil {
 		s += ": " + e.Err.Error()

@@ -97,7 +97,9 @@ type Backend struct {
 	log    *slog.Logger
 
 	// The statements, with the table filled in.
-	acquireSQL, renewSQL, releaseSQL, listSQL, fenceSQL, channelSQL string
+	acquireSQL, renewSQL, releaseSQL, peekSQL, listSQL, fenceSQL, channelSQL string
+
+	beforeRacePeek func() // tests: runs before releaseRaced reads the row
 
 	mu       sync.Mutex
 	closed   bool
@@ -165,6 +167,7 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	b.acquireSQL = fill(acquireSQL)
 	b.renewSQL = fill(renewSQL)
 	b.releaseSQL = fill(releaseSQL)
+	b.peekSQL = fill(peekSQL)
 	b.listSQL = fill(listSQL)
 	b.fenceSQL = fill(fenceSQL)
 	b.channelSQL = fill(channelSQL)
@@ -319,13 +322,31 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err := ctx.Err(); err != nil {
 		return notSent(opRelease, l.Key, err)
 	}
+	for range 3 {
+		err := b.release(ctx, l)
+		if err != errRaced {
+			return err
+		}
+	}
+	// Re-granted to l's owner each time before the release could apply:
+	// its acquire keeps being retried. Report it as transient.
+	return fmt.Errorf("sqllock/postgres: %s %q: %w: the lease was re-granted to its owner before each of 3 release attempts applied",
+		opRelease, l.Key, sqllock.ErrUnavailable)
+}
+
+// errRaced: a release found l's lease held again by its owner in a fresh
+// read after its UPDATE lost a race; it has to be sent again.
+var errRaced = errors.New("release raced a re-grant")
+
+func (b *Backend) release(ctx context.Context, l sqllock.Lease) error {
 	var (
 		released, valid, held bool
 		current, notified     int64
 		deadline, now         time.Time
+		owner                 string
 	)
-	err := b.db.QueryRow(ctx, b.releaseSQL, l.Key, l.Token).
-		Scan(&released, &valid, &current, &held, &deadline, &now, &notified)
+	err := b.db.QueryRow(ctx, b.releaseSQL, l.Key, l.Token, l.Owner).
+		Scan(&released, &valid, &current, &held, &deadline, &owner, &now, &notified)
 	if err != nil {
 		return b.translate(ctx, opRelease, l.Key, err)
 	}
@@ -334,21 +355,60 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		return nil
 	case released:
 		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
-	case current == l.Token && !held:
-		return nil // released before
-	case current == l.Token && deadline.After(now):
+	case current == l.Token && held && deadline.After(now):
 		// Held and valid in the snapshot, yet not released by this
-		// statement: a concurrent release of the same lease won.
-		return nil
-	case current == l.Token:
-		// Expired in the snapshot and changed meanwhile: released by a
-		// concurrent release, or taken over. Either way it had expired.
+		// statement: a concurrent change won the row (a release, or a
+		// takeover once the deadline passed). Only a fresh read tells
+		// which; this second round trip happens in that race alone.
+		return b.releaseRaced(ctx, l)
+	case current == l.Token && held:
+		// Expired in the snapshot and changed meanwhile (released, or
+		// taken over): either way it had expired.
 		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
-	case current > l.Token:
-		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostTaken, Current: current}
+	}
+	return releasedLost(l, current > 0, current, held, owner)
+}
+
+// releasedLost is Release's answer when its statement cleared nothing and
+// the row (found, token, held, owner) is not l's lease held: nil for a
+// lease l's owner released before, else why l is lost.
+func releasedLost(l sqllock.Lease, found bool, token int64, held bool, owner string) error {
+	switch {
+	case found && token == l.Token && !held && owner == l.Owner:
+		return nil // released before, by l's owner
+	case found && token == l.Token && !held:
+		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostReleased, By: owner}
+	case found && token > l.Token:
+		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostTaken, Current: token}
+	case found && token == l.Token:
+		// Held with l's token again: re-granted to l's owner by a
+		// retried acquire since the release's snapshot.
+		return errRaced
 	default:
 		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostReleased}
 	}
+}
+
+// releaseRaced reads the row after a Release lost the race for it. The
+// release did nothing, so a failed read only leaves the answer unknown.
+func (b *Backend) releaseRaced(ctx context.Context, l sqllock.Lease) error {
+	var (
+		token         int64
+		held          bool
+		deadline, now time.Time
+		owner         string
+	)
+	if b.beforeRacePeek != nil {
+		b.beforeRacePeek()
+	}
+	err := b.db.QueryRow(ctx, b.peekSQL, l.Key).Scan(&token, &held, &deadline, &owner, &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return releasedLost(l, false, 0, false, "")
+	}
+	if err != nil {
+		return b.translate(ctx, opRelease, l.Key, err)
+	}
+	return releasedLost(l, true, token, held, owner)
 }
 
 // List implements [sqllock.Backend.List]. The prefix is compared literally

@@ -103,9 +103,10 @@ LEFT JOIN upd AS u ON true
 LEFT JOIN cur AS c ON true`
 
 // releaseSQL clears held on lease ($1, $2) iff its token is current, keeping
-// the token and deadline. It returns one row: released, whether the released
-// lease was still valid (deadline > now), the current token, held flag and
-// deadline as the snapshot saw them, and the database time used.
+// the token and deadline, and records $3 as the owner who released it. It
+// returns one row: released, whether the released lease was still valid
+// (deadline > now), the current token, held flag, deadline and owner as the
+// snapshot saw them, and the database time used.
 //
 // It commits asynchronously unless Options.DurableRelease is set:
 // {{release_commit}} becomes set_config('synchronous_commit', 'off', true),
@@ -134,10 +135,10 @@ WITH now AS MATERIALIZED (
     SELECT clock_timestamp() AS now,
            {{release_commit}} AS async
 ), cur AS MATERIALIZED (
-    SELECT token, held, deadline FROM {{table}} WHERE key = $1
+    SELECT token, held, deadline, owner FROM {{table}} WHERE key = $1
 ), upd AS (
     UPDATE {{table}} AS l
-    SET held = false
+    SET held = false, owner = $3
     FROM now AS n
     WHERE l.key = $1 AND l.token = $2 AND l.held
     RETURNING l.deadline > n.now AS valid
@@ -147,6 +148,7 @@ SELECT u.valid IS NOT NULL AS released,
        coalesce(c.token, 0) AS token,
        coalesce(c.held, false) AS held,
        coalesce(c.deadline, n.now) AS deadline,
+       coalesce(c.owner, '') AS owner,
        n.now,
        {{notified}} AS notified
 FROM now AS n
@@ -161,6 +163,12 @@ const (
 )`
 	notifiedSQL = `(SELECT count(*) FROM notify)`
 )
+
+// peekSQL reads key $1's row as it is now, outside the snapshot of an
+// earlier statement (a Release whose UPDATE lost a race reads it to learn
+// who won), with the database time. No row: the key was never granted.
+const peekSQL = `
+SELECT token, held, deadline, owner, clock_timestamp() FROM {{table}} WHERE key = $1`
 
 // listSQL lists the keys that start with $1 (compared as text, so "%" and
 // "_" are literal), in byte order (COLLATE "C", the order of Go strings).

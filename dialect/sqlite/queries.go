@@ -65,15 +65,15 @@ UPDATE $T SET deadline = CASE
 WHERE key = ?1
 RETURNING token, held, deadline, $NOW`
 
-	// queryRelease: ?1 key, ?2 token. Clears held iff ?2 is the current
-	// token and held; returns the deadline so the caller knows whether the
+	// queryRelease: ?1 key, ?2 token, ?3 owner. Clears held iff ?2 is the
+	// current token and held, and records ?3 as who released; returns the deadline so the caller knows whether the
 	// lease had expired (deadline <= now) before it was released. No row
 	// means nothing to clear: released already, a newer token, or no such
 	// key; only then does the caller read the row (queryPeek) to tell which,
 	// because the old held flag that separates "released twice" from
 	// "expired" is gone once the statement has run.
 	queryRelease = `
-UPDATE $T SET held = 0
+UPDATE $T SET held = 0, owner = ?3
 WHERE key = ?1 AND token = ?2 AND held
 RETURNING deadline, $NOW`
 

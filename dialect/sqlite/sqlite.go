@@ -482,8 +482,8 @@ func lostError(l sqllock.Lease, found bool, token int64, held bool, deadline, no
 
 // Release implements [sqllock.Backend]: one statement (queryRelease) when the
 // lease was held, clean or expired; when it cleared nothing, one read more
-// (queryPeek) tells "released twice" (nil) from a newer token or an unknown
-// one (a [*sqllock.LostError]).
+// (queryPeek) tells "released twice" by its owner (nil) from a release by
+// someone else, a newer token or an unknown one (a [*sqllock.LostError]).
 func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err := sqllock.ValidateLease(l); err != nil {
 		return err
@@ -492,7 +492,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	cleared := false
 	err := b.write(ctx, func(ctx context.Context) error {
 		var deadline, now int64
-		found, err := b.queryRow(ctx, b.q.release, []any{l.Key, l.Token}, &deadline, &now)
+		found, err := b.queryRow(ctx, b.q.release, []any{l.Key, l.Token, l.Owner}, &deadline, &now)
 		if err != nil {
 			return err
 		}
@@ -515,10 +515,13 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		if err != nil {
 			return err
 		}
-		if found && token == l.Token && !held {
-			return nil // released twice
+		if found && token == l.Token && !held && owner == l.Owner {
+			return nil // released twice by its owner
 		}
 		if lost := lostError(l, found, token, held, deadline, now); lost != nil {
+			if found && token == l.Token && !held {
+				lost.By = owner // released by someone else
+			}
 			result = lost
 			return nil
 		}

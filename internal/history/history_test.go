@@ -269,6 +269,26 @@ func TestCheckLin(t *testing.T) {
 	r = &history.Report{}
 	history.CheckLin(reset, r, true, 10*time.Second)
 	require.Equal(t, "Illegal", r.Lin)
+
+	// A repeated release: harmless (OK) for whoever released, a loss for
+	// anyone else (the holder after an operator's forced release).
+	forced := func(second history.Op) *history.History {
+		return &history.History{Params: history.Params{TokenStep1: true}, Audit: []history.Audit{g1, rl},
+			Ops: []history.Op{good.Ops[0], op(3, 2, history.Release, "operator", 1, 3*s, 3*s, history.OK, &rl), second}}
+	}
+	for _, tc := range []struct {
+		second history.Op
+		want   string
+	}{
+		{op(5, 0, history.Release, "a/1", 1, 4*s, 4*s, history.Lost, nil), "Ok"},
+		{op(5, 0, history.Release, "a/1", 1, 4*s, 4*s, history.OK, nil), "Illegal"},
+		{op(5, 2, history.Release, "operator", 1, 4*s, 4*s, history.OK, nil), "Ok"},
+		{op(5, 2, history.Release, "operator", 1, 4*s, 4*s, history.Lost, nil), "Illegal"},
+	} {
+		r = &history.Report{}
+		history.CheckLin(forced(tc.second), r, true, 10*time.Second)
+		require.Equal(t, tc.want, r.Lin, "second release by %s -> %v: %s", tc.second.Owner, tc.second.Outcome, r.First())
+	}
 }
 
 func TestLinOperationsPatchesUnknownCalls(t *testing.T) {

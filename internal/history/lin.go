@@ -68,7 +68,7 @@ func Model(step1 bool) porcupine.Model {
 				next := []any{s}
 				if in.Kind == Release && s.Held && in.Token == s.Token {
 					n := s
-					n.Held = false
+					n.Held, n.Holder = false, in.Owner
 					next = append(next, n)
 				}
 				return next
@@ -170,10 +170,12 @@ func step(s LinState, in LinInput, out LinOutput, step1 bool) (bool, LinState) {
 			if (out.Outcome == OK && !valid) || (out.Outcome == Lost && !expired) {
 				return false, s
 			}
-			s.Held = false
+			s.Held, s.Holder = false, in.Owner
 			return true, s
 		case in.Token == s.Token:
-			return out.Outcome == OK, s
+			// Released before: a repeat by whoever released it is
+			// harmless, anyone else's is told the lease was lost.
+			return (out.Outcome == OK) == (s.Holder == in.Owner), s
 		default:
 			return out.Outcome == Lost, s
 		}

@@ -35,6 +35,7 @@ func Run(t *testing.T, h Harness) {
 		{"RenewAfterReleaseFails", testRenewAfterRelease},
 		{"RenewUnknownTokenFails", testRenewUnknownToken},
 		{"ReleaseTwiceIsHarmless", testReleaseTwice},
+		{"ForcedReleaseIsALossToTheHolder", testForcedRelease},
 		{"ReleaseAfterExpiryReportsLoss", testReleaseAfterExpiry},
 		{"StaleReleaseAndRenewLeaveNewerHolder", testStaleOpsLeaveNewer},
 		{"TokensStrictlyIncrease", testTokensIncrease},
@@ -295,6 +296,37 @@ func testReleaseTwice(t *testing.T, h Harness) {
 		t.Errorf("after two releases List = %+v", i)
 	}
 }
+
+// A release by the lease's token under another owner (an operator's forced
+// release) ends the lease; the holder's own Release then reports the loss
+// and who released it, instead of nil as for its own repeated release.
+func testForcedRelease(t *testing.T, h Harness) {
+	b := h.New(t)
+	l := acquire(t, b, "k", "o1")
+	forced := sqllock.Lease{Key: l.Key, Token: l.Token, Owner: "operator"}
+	release(t, b, forced)
+	if i, _ := info(t, b, "k"); i.Held || i.Token != l.Token || i.Owner != "operator" {
+		t.Errorf("after a forced release List = %+v, want not held, token %d, owner \"operator\"", i, l.Token)
+	}
+	le := lost(t, b.Release(ctx(t), l), "the holder's Release after a forced release", sqllock.LostReleased)
+	if le.By != "operator" {
+		t.Errorf("LostError.By = %q, want \"operator\" (%v)", le.By, le)
+	}
+	lost(t, b.Release(ctx(t), l), "the holder's second Release after a forced release", sqllock.LostReleased)
+	lost(t, ignoreLease(b.TryRenew(ctx(t), l, ttl)), "the holder's TryRenew after a forced release", sqllock.LostReleased)
+	release(t, b, forced) // the operator's repeat
+	// The holder's Release did not change who released it.
+	if i, _ := info(t, b, "k"); i.Held || i.Owner != "operator" {
+		t.Errorf("after the holder's Release List = %+v, want not held, owner \"operator\"", i)
+	}
+	next := acquire(t, b, "k", "o2")
+	if next.Token != l.Token+1 {
+		t.Errorf("next grant token %d, want %d", next.Token, l.Token+1)
+	}
+	lost(t, b.Release(ctx(t), l), "the first holder's Release after a new grant", sqllock.LostTaken)
+}
+
+func ignoreLease(_ sqllock.Lease, err error) error { return err }
 
 func testReleaseAfterExpiry(t *testing.T, h Harness) {
 	b := h.New(t)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -18,8 +20,10 @@ It reads KEY's current token, then releases exactly that lease (key and
 token), so a newer holder that took KEY in between is never touched; then
 it says so and exits 75. The next holder gets a larger fencing token, so a
 resource that checks tokens refuses the old holder's late writes: fencing
-stays safe. The old holder learns of the loss at its next renewal
-("sqllock run" then stops its command and exits 76).
+stays safe. The old holder learns of the loss at its next renewal or at
+its release, whichever comes first ("sqllock run" then stops its command,
+or reports the loss after it, and exits 76). The release is recorded under
+the owner "sqllock release --force by HOST:PID".
 
 Without --force it refuses: this ends another process's lease.
 
@@ -79,7 +83,9 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 		return nil
 	}
 	// Token-scoped: this never ends a newer lease granted since the List.
-	err = b.Release(ctx, sqllock.Lease{Key: key, Token: info.Token, Owner: info.Owner})
+	// Under its own owner, so the holder's later Release reports the loss
+	// (and who released) instead of taking it for its own repeat.
+	err = b.Release(ctx, sqllock.Lease{Key: key, Token: info.Token, Owner: forcedOwner()})
 	var lost *sqllock.LostError
 	switch {
 	case err == nil:
@@ -94,4 +100,17 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "released %q (token %d, held by %s); the next holder gets a larger token\n", key, info.Token, info.Owner)
 	return nil
+}
+
+// forcedOwner is the owner a forced release records: who ended the lease.
+func forcedOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	host = strings.ToValidUTF8(strings.ReplaceAll(host, "\x00", ""), "?")
+	if len(host) > 200 {
+		host = strings.ToValidUTF8(host[:200], "")
+	}
+	return fmt.Sprintf("sqllock release --force by %s:%d", host, os.Getpid())
 }
