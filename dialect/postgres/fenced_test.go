@@ -89,14 +89,14 @@ func TestFencedTx(t *testing.T) {
 		tb := setup(t)
 		// Long enough for FencedTx to lock the row before expiry on a
 		// loaded machine, short enough to wait out.
-		l := acquireOK(t, tb.b, "k", "o1", 1500*time.Millisecond)
+		l := acquireOK(t, tb.b, "k", "o1", 4*time.Second)
 		taken := make(chan sqllock.Lease, 1)
 		err := tb.b.FencedTx(testCtx(t), l, func(tx pgx.Tx) error {
 			require.Eventually(t, func() bool {
 				var past bool
 				require.NoError(t, tb.db.Pool.QueryRow(testCtx(t), "SELECT clock_timestamp() > $1", l.Deadline).Scan(&past))
 				return past
-			}, 10*time.Second, 10*time.Millisecond, "the lease never expired by the database clock")
+			}, 20*time.Second, 10*time.Millisecond, "the lease never expired by the database clock")
 			go func() {
 				l2, err := tb.b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o2"})
 				if err != nil {

@@ -3,7 +3,6 @@ package postgres
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"testing"
@@ -11,23 +10,17 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
+	"github.com/ashlock/ashlock/internal/leakcheck"
 	"github.com/ashlock/ashlock/internal/pgtest"
 	"github.com/ashlock/ashlock/migrations"
 )
 
 func TestMain(m *testing.M) {
 	code := pgtest.Main(m)
-	if code == 0 {
-		// Every Backend is closed and every pool closed by t.Cleanup: no
-		// listener or pgxpool goroutine may be left.
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	// Every Backend is closed and every pool closed by t.Cleanup: no
+	// listener or pgxpool goroutine may be left.
+	os.Exit(leakcheck.Check(code))
 }
 
 // testBundle is one test's schema, with the lock table migrated, and a

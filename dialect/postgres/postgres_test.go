@@ -93,9 +93,10 @@ func TestOptionsSchemaAndTable(t *testing.T) {
 func TestDeadlinesAreDatabaseTime(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t, Options{}).backend
-	ttl := 1500*time.Millisecond + 1 // rounds up to 1500001µs
+	// Long enough that the lease is surely still valid at the retry below.
+	ttl := time.Hour + 1 // rounds up to 3600000001µs
 	l := acquireOK(t, b, "k", "o1", ttl)
-	require.Equal(t, 1500001*time.Microsecond, l.Deadline.Sub(l.BackendTime))
+	require.Equal(t, 3600000001*time.Microsecond, l.Deadline.Sub(l.BackendTime))
 	var dbDeadline time.Time
 	require.NoError(t, b.pool.QueryRow(testCtx(t), "SELECT deadline FROM "+b.table+" WHERE key = 'k'").Scan(&dbDeadline))
 	require.True(t, dbDeadline.Equal(l.Deadline), "%v != %v", dbDeadline, l.Deadline)

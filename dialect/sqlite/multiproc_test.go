@@ -329,12 +329,18 @@ func TestMultiProcessContention(t *testing.T) {
 	t.Parallel()
 	const procs, cycles = 4, 150
 	path := setupShared(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second) // the parent's kill bound
+	// The parent's kill bound, above the children's own 60 s limit, so
+	// that a slow child reports instead of being killed. Fairness is
+	// judged by every child finishing all its cycles, not by a wall-clock
+	// figure on a shared machine (logged below; about 1.5-5 s here).
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	start := time.Now()
 	var children []*child
 	for p := range procs {
-		children = append(children, startChild(t, ctx, helperConfig{Path: path, Proc: p, Cycles: cycles, TTL: 2 * time.Second}))
+		// TTL 10 s: a hold lasts milliseconds; the TTL only has to outlast
+		// a child descheduled for a while, which must not count as a loss.
+		children = append(children, startChild(t, ctx, helperConfig{Path: path, Proc: p, Cycles: cycles, TTL: 10 * time.Second}))
 	}
 	var reps []helperReport
 	total := 0
@@ -349,7 +355,6 @@ func TestMultiProcessContention(t *testing.T) {
 		require.Zero(t, r.RawBusy, "proc %d saw raw SQLITE_BUSY", r.Proc)
 		require.Zero(t, r.Stale, "proc %d: fenced writes refused", r.Proc)
 		require.Zero(t, r.Lost, "proc %d: leases lost", r.Proc)
-		require.Less(t, r.Elapsed, 15*time.Second, "proc %d", r.Proc)
 	}
 	t.Logf("%d processes × %d cycles = %d fenced cycles in %v (%.0f cycles/s)",
 		procs, cycles, total, time.Since(start).Round(time.Millisecond), float64(total)/time.Since(start).Seconds())
@@ -367,9 +372,11 @@ func TestMultiProcessKillHolder(t *testing.T) {
 		t.Skip("spawns processes")
 	}
 	t.Parallel()
-	const survivors, cycles, ttl = 3, 40, 1500 * time.Millisecond
+	// TTL 4 s: long enough that a survivor descheduled for a while keeps
+	// its lease (renewed every 1.3 s); the takeover waits out one TTL.
+	const survivors, cycles, ttl = 3, 40, 4 * time.Second
 	path := setupShared(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
 	// The survivors cycle until the victim is dead and each has held the

@@ -16,18 +16,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
+
+	"github.com/ashlock/ashlock/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) {
-	code := Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(leakcheck.Check(Main(m)))
 }
 
 func TestNew(t *testing.T) {

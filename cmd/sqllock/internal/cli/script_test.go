@@ -16,8 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/rogpeppe/go-internal/testscript"
-	"go.uber.org/goleak"
 
+	"github.com/ashlock/ashlock/internal/leakcheck"
 	"github.com/ashlock/ashlock/internal/pgtest"
 	"github.com/ashlock/ashlock/migrations"
 )
@@ -35,14 +35,7 @@ func TestMain(m *testing.M) {
 type leakCheckedMain struct{ m *testing.M }
 
 func (l leakCheckedMain) Run() int {
-	code := pgtest.Main(l.m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	return code
+	return leakcheck.Check(pgtest.Main(l.m))
 }
 
 // sqllockMain is cmd/sqllock's main.
