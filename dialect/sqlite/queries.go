@@ -106,10 +106,11 @@ INSERT INTO $T (key, token, held, deadline, owner) VALUES (?1, ?2, 0, $NOW, '')
 ON CONFLICT (key) DO UPDATE SET token = excluded.token, held = 0, deadline = excluded.deadline`
 )
 
-// render fills in a statement for the quoted table.
-func render(q, quotedTable string) string {
+// render fills in a statement for the quoted table and the clock
+// expression now ([nowMS] but in tests).
+func render(q, quotedTable, now string) string {
 	q = strings.ReplaceAll(q, "$GRANT", grantCond)
-	q = strings.ReplaceAll(q, "$NOW", nowMS)
+	q = strings.ReplaceAll(q, "$NOW", now)
 	return strings.TrimSpace(strings.ReplaceAll(q, "$T", quotedTable))
 }
 

@@ -336,14 +336,20 @@ func newBackend(db *sql.DB, o Options, owned bool) *Backend {
 		stmts:        make(map[string]*sql.Stmt),
 		watchers:     make(map[string]map[chan struct{}]struct{}),
 	}
-	t := sqlident.QuoteSQLite(o.Table)
-	b.q.acquire = render(queryAcquire, t)
-	b.q.renew = render(queryRenew, t)
-	b.q.release = render(queryRelease, t)
-	b.q.peek = render(queryPeek, t)
-	b.q.list = render(queryList, t)
-	b.q.listFrom = render(queryListFrom, t)
+	b.renderQueries(nowMS)
 	return b
+}
+
+// renderQueries fills in the statements with the table and now, the SQL
+// expression of the clock ([nowMS]; tests step it).
+func (b *Backend) renderQueries(now string) {
+	t := sqlident.QuoteSQLite(b.table)
+	b.q.acquire = render(queryAcquire, t, now)
+	b.q.renew = render(queryRenew, t, now)
+	b.q.release = render(queryRelease, t, now)
+	b.q.peek = render(queryPeek, t, now)
+	b.q.list = render(queryList, t, now)
+	b.q.listFrom = render(queryListFrom, t, now)
 }
 
 // Close releases the prepared statements and, for a Backend from [Open],

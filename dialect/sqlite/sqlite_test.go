@@ -51,7 +51,7 @@ func openTest(t testing.TB, opts Options) (*Backend, string) {
 func execTest(t testing.TB, b sqllock.Backend, query string, args ...any) {
 	t.Helper()
 	sb := b.(*Backend)
-	_, err := sb.db.ExecContext(testCtx(t), render(query, `"`+sb.table+`"`), args...)
+	_, err := sb.db.ExecContext(testCtx(t), render(query, `"`+sb.table+`"`, nowMS), args...)
 	require.NoError(t, err)
 }
 

@@ -1,0 +1,172 @@
+package sqlite
+
+import (
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	msqlite "modernc.org/sqlite"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// SQLite's clock is the wall clock of the host (DESIGN N6): every process
+// on the host reads the same one, and when it steps, every lease on the
+// file moves with it. TestClockStep (TESTPLAN SQ-5) steps it under a holder
+// through a SQL function that adds clockOffsetMS to SQLite's own reading.
+
+var clockOffsetMS atomic.Int64
+
+func init() {
+	msqlite.MustRegisterScalarFunction("sqllock_test_clock", 1,
+		func(_ *msqlite.FunctionContext, args []driver.Value) (driver.Value, error) {
+			ms, ok := args[0].(int64)
+			if !ok {
+				return nil, fmt.Errorf("sqllock_test_clock(%T)", args[0])
+			}
+			return ms + clockOffsetMS.Load(), nil
+		})
+}
+
+// openStepped opens a Backend on path whose every statement reads the
+// stepped clock, as a process on the stepped host would.
+func openStepped(t *testing.T, path string) *Backend {
+	t.Helper()
+	b, err := Open(path, Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	b.renderQueries("sqllock_test_clock(" + nowMS + ")")
+	return b
+}
+
+// pollAcquire tries to acquire key every 2 ms until granted or until, and
+// returns the grant and the time just after its reply.
+func pollAcquire(t *testing.T, b *Backend, key, owner string, ttl time.Duration, until time.Time) (sqllock.Lease, time.Time, bool) {
+	t.Helper()
+	for time.Now().Before(until) {
+		l, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: key, TTL: ttl, Owner: owner})
+		if err == nil {
+			return l, time.Now(), true
+		}
+		require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+		time.Sleep(2 * time.Millisecond)
+	}
+	return sqllock.Lease{}, time.Time{}, false
+}
+
+func TestClockStep(t *testing.T) {
+	// Not parallel: the subtests step the one clock offset in turn, and no
+	// other test reads it.
+	defer clockOffsetMS.Store(0)
+
+	// Forward step larger than the margin, under a holder that cannot
+	// renew before the stepped deadline (a renewal stalled, or the step
+	// bigger than TTL − interval): the database ends the lease while the
+	// holder's local deadline is still ahead. That overlap is the
+	// documented limit of a clock the database does not own; fencing is
+	// what keeps it harmless, so the stale holder's write must be refused.
+	t.Run("ForwardOverlapIsFenced", func(t *testing.T) {
+		const ttl, step = 2 * time.Second, 800 * time.Millisecond
+		margin := ttl/100 + 2*time.Millisecond // the client's default
+		var overlap time.Duration
+		// A run on a machine so slow that the taker polls only after the
+		// holder's local deadline shows no overlap; try again then.
+		for attempt := 1; overlap <= 0; attempt++ {
+			require.LessOrEqual(t, attempt, 3, "no overlap observed in 3 attempts (machine too slow to poll within %v)", ttl-margin-(ttl-step))
+			clockOffsetMS.Store(0)
+			path := filepath.Join(t.TempDir(), "locks.db")
+			a, b := openStepped(t, path), openStepped(t, path)
+			_, err := a.db.ExecContext(testCtx(t), `CREATE TABLE data (id INTEGER PRIMARY KEY, v TEXT NOT NULL, fence INTEGER NOT NULL);
+INSERT INTO data VALUES (1, '', 0);`)
+			require.NoError(t, err)
+			fencedWrite := func(l sqllock.Lease) bool {
+				res, err := a.db.ExecContext(testCtx(t), `UPDATE data SET v = ?2, fence = ?1 WHERE id = 1 AND fence <= ?1`, l.Token, l.Owner)
+				require.NoError(t, err)
+				n, err := res.RowsAffected()
+				require.NoError(t, err)
+				return n == 1
+			}
+
+			sent := time.Now()
+			la, err := a.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: ttl, Owner: "A"})
+			require.NoError(t, err)
+			localDeadline := sent.Add(ttl - margin)
+			require.True(t, fencedWrite(la))
+			clockOffsetMS.Add(step.Milliseconds())
+
+			lb, grantedAt, ok := pollAcquire(t, b, "k", "B", time.Minute, sent.Add(2*ttl))
+			require.True(t, ok, "B never acquired")
+			require.Equal(t, la.Token+1, lb.Token)
+			overlap = localDeadline.Sub(grantedAt)
+			t.Logf("attempt %d: B granted %v after A's request; A's local deadline %v after it: overlap %v",
+				attempt, grantedAt.Sub(sent).Round(time.Millisecond), (ttl - margin), overlap.Round(time.Millisecond))
+			if overlap <= 0 {
+				continue
+			}
+			// B writes; A, still within its local deadline, writes after.
+			require.True(t, fencedWrite(lb))
+			require.False(t, fencedWrite(la), "A's stale write was applied")
+			var v string
+			require.NoError(t, a.db.QueryRowContext(testCtx(t), `SELECT v FROM data WHERE id = 1`).Scan(&v))
+			require.Equal(t, "B", v)
+			_, err = a.TryRenew(testCtx(t), la, ttl)
+			var lost *sqllock.LostError
+			require.True(t, errors.As(err, &lost), "A's renew: %v", err)
+			require.Equal(t, sqllock.LostTaken, lost.Reason)
+			t.Logf("RESULT test=SQ-5/forward backend=sqlite step=%v margin=%v overlap_ms=%d stale_writes={attempted:1, rejected:1, applied:0} anomalies=0",
+				step, margin, overlap.Milliseconds())
+		}
+	})
+
+	// Forward step smaller than TTL − renew interval under a renewing
+	// Client: the next renewal restores the lease before the stepped
+	// deadline, so nobody else gets the key and the guard stays valid.
+	t.Run("ForwardAbsorbedByRenewal", func(t *testing.T) {
+		const ttl, step = 3 * time.Second, time.Second // renewals every 1 s
+		clockOffsetMS.Store(0)
+		path := filepath.Join(t.TempDir(), "locks.db")
+		a, b := openStepped(t, path), openStepped(t, path)
+		c, err := sqllock.New(a, sqllock.Options{TTL: ttl})
+		require.NoError(t, err)
+		defer c.Close(testCtx(t))
+		g, err := c.TryAcquire(testCtx(t), "k", nil)
+		require.NoError(t, err)
+		clockOffsetMS.Add(step.Milliseconds())
+		_, _, ok := pollAcquire(t, b, "k", "B", time.Minute, time.Now().Add(ttl))
+		require.False(t, ok, "B acquired a lease that its renewing holder kept")
+		require.NoError(t, g.Err(), "the guard did not survive a %v step", step)
+		require.NoError(t, g.Release(testCtx(t)))
+	})
+
+	// Backward step of one TTL under a holder that is gone: the lease
+	// lasts that much longer in real time, so the takeover is delayed by
+	// the step and by no more (plus the polling).
+	t.Run("BackwardDelaysTakeover", func(t *testing.T) {
+		const ttl, step = 500 * time.Millisecond, 500 * time.Millisecond
+		clockOffsetMS.Store(0)
+		path := filepath.Join(t.TempDir(), "locks.db")
+		a, b := openStepped(t, path), openStepped(t, path)
+		sent := time.Now()
+		la, err := a.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: ttl, Owner: "A"})
+		require.NoError(t, err)
+		clockOffsetMS.Add(-step.Milliseconds())
+		// A is gone: no renewal, no release.
+		lb, grantedAt, ok := pollAcquire(t, b, "k", "B", time.Minute, sent.Add(ttl+step+10*time.Second))
+		require.True(t, ok, "B never acquired")
+		require.Equal(t, la.Token+1, lb.Token)
+		after := grantedAt.Sub(sent)
+		// Never before the stepped deadline (ms resolution: 1 ms of slack).
+		require.GreaterOrEqual(t, after, ttl+step-time.Millisecond, "taken over before the stepped deadline")
+		delay := after - ttl
+		t.Logf("RESULT test=SQ-5/backward backend=sqlite step=%v ttl=%v delay_ms=%d (bound: the step + polling) anomalies=0",
+			step, ttl, delay.Milliseconds())
+		// Liveness: delayed by the step, not by more than the step plus
+		// a generous allowance for polling on a loaded machine.
+		require.Less(t, delay, step+5*time.Second)
+	})
+}
