@@ -399,6 +399,31 @@ func TestDoReleasesAndReturnsFnError(t *testing.T) {
 	})
 }
 
+// A forced release (another owner releasing the lease's token) between two
+// renewals: fn ends before the next renewal would notice, and Do reports
+// the loss from the release instead of success.
+func TestDoReportsForcedReleaseBeforeNextRenewal(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		var lease sqllock.Lease
+		err := tb.client.Do(t.Context(), "k", nil, func(ctx context.Context, g *sqllock.Guard) error {
+			lease = g.Lease()
+			forced := sqllock.Lease{Key: lease.Key, Token: lease.Token, Owner: "operator"}
+			require.NoError(t, tb.mem.Release(ctx, forced))
+			time.Sleep(interval / 2) // work on, the next renewal still ahead
+			require.NoError(t, g.Err(), "no renewal since the forced release")
+			return nil
+		})
+		var le *sqllock.LostError
+		require.ErrorAs(t, err, &le)
+		require.Equal(t, sqllock.LostReleased, le.Reason)
+		require.Equal(t, "operator", le.By)
+		require.Equal(t, lease.Token, le.Token)
+		require.Zero(t, tb.b.n("renew"))
+	})
+}
+
 func TestAcquireWakesOnRelease(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
