@@ -5,20 +5,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ashlock/ashlock/internal/mutant"
 )
 
 // Client takes leases from a [Backend] and keeps them alive. It is safe for
 // concurrent use; create one per process (or per backend) and share it.
 type Client struct {
-	b     Backend
-	opts  Options // resolved: every default filled in
-	log   *slog.Logger
-	owner string
-	seq   atomic.Uint64
+	b        Backend
+	opts     Options // resolved: every default filled in
+	log      *slog.Logger
+	owner    string
+	instance string // random, per Client: see request
+	seq      atomic.Uint64
 
 	closing chan struct{} // closed by Close: wakes waiting Acquires
 
@@ -45,8 +50,8 @@ func New(b Backend, opts Options) (*Client, error) {
 	if err := ValidateOwner(opts.Owner); err != nil {
 		return nil, err
 	}
-	if len(opts.Owner) > MaxOwnerLen-24 {
-		return nil, fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidOwner, len(opts.Owner), MaxOwnerLen-24)
+	if len(opts.Owner) > MaxOwnerLen-ownerSuffixLen {
+		return nil, fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidOwner, len(opts.Owner), MaxOwnerLen-ownerSuffixLen)
 	}
 	if _, err := opts.settingsFor(nil); err != nil {
 		return nil, err
@@ -60,17 +65,39 @@ func New(b Backend, opts Options) (*Client, error) {
 	}
 	return &Client{
 		b: b, opts: opts, log: log, owner: opts.Owner,
-		closing: make(chan struct{}),
-		guards:  make(map[*Guard]struct{}),
+		instance: ownerInstance(opts.Owner),
+		closing:  make(chan struct{}),
+		guards:   make(map[*Guard]struct{}),
 	}, nil
 }
 
-// Owner returns the client's owner name; each lease's owner is this name
-// followed by "/" and the acquire call's sequence number.
+// Owner returns the client's owner name. Each lease's owner is this name
+// followed by "/", a random number drawn once per Client, "-" and the
+// acquire call's sequence number: unique per acquire call, also between
+// Clients (in one process or many) given the same Options.Owner.
 func (c *Client) Owner() string { return c.owner }
 
+// ownerInstance draws the per-Client part of lease owners: 48 random bits.
+func ownerInstance(owner string) string {
+	n := rand.Uint64()
+	if mutant.DeterministicOwners() {
+		h := fnv.New64a()
+		h.Write([]byte(owner))
+		n = h.Sum64()
+	}
+	return fmt.Sprintf("%012x", n>>16)
+}
+
+// ownerSuffixLen bounds what request appends to the owner name:
+// "/" + 12 hex digits + "-" + a uint64 in decimal (at most 20 digits).
+const ownerSuffixLen = 1 + 12 + 1 + 20
+
 func (c *Client) request(key string, s settings) AcquireRequest {
-	return AcquireRequest{Key: key, TTL: s.ttl, Owner: fmt.Sprintf("%s/%d", c.owner, c.seq.Add(1))}
+	// The instance part matters: a backend takes an acquire by the owner
+	// of the current lease for the retry of that very call and hands the
+	// same grant back, so two Clients sharing an owner name (say, the
+	// host name) and a sequence number would both hold one lease.
+	return AcquireRequest{Key: key, TTL: s.ttl, Owner: fmt.Sprintf("%s/%s-%d", c.owner, c.instance, c.seq.Add(1))}
 }
 
 // prepare validates a call's input before any I/O.

@@ -3,6 +3,7 @@ package sqllock_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -422,6 +423,41 @@ func TestDoReportsForcedReleaseBeforeNextRenewal(t *testing.T) {
 		require.Equal(t, lease.Token, le.Token)
 		require.Zero(t, tb.b.n("renew"))
 	})
+}
+
+// PITFALLS 18 (ShedLock#317): two Clients given the same owner name (the
+// host name, say; two processes on one host) must not be taken for a
+// retry of each other's acquire and handed one lease.
+func TestClientsSharingAnOwnerNameExcludeEachOther(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	mem := memory.New()
+	a, err := sqllock.New(mem, sqllock.Options{Owner: "web01"})
+	require.NoError(t, err)
+	defer a.Close(ctx)
+	b, err := sqllock.New(mem, sqllock.Options{Owner: "web01"})
+	require.NoError(t, err)
+	defer b.Close(ctx)
+
+	ga, err := a.TryAcquire(ctx, "k", nil)
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, "k", nil)
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired, "a second client with the same owner name got the held lease")
+	require.NotEqual(t, ga.Lease().Owner, "web01/1")
+	require.True(t, strings.HasPrefix(ga.Lease().Owner, "web01/"), ga.Lease().Owner)
+	require.NoError(t, ga.Release(ctx))
+
+	// Owner names may use all but ownerSuffixLen bytes.
+	_, err = sqllock.New(mem, sqllock.Options{Owner: strings.Repeat("o", sqllock.MaxOwnerLen-34)})
+	require.NoError(t, err)
+	_, err = sqllock.New(mem, sqllock.Options{Owner: strings.Repeat("o", sqllock.MaxOwnerLen-33)})
+	require.ErrorIs(t, err, sqllock.ErrInvalidOwner)
+	long, err := sqllock.New(mem, sqllock.Options{Owner: strings.Repeat("o", sqllock.MaxOwnerLen-34)})
+	require.NoError(t, err)
+	g, err := long.TryAcquire(ctx, "long", nil)
+	require.NoError(t, err, "the longest owner name plus its suffix must be a valid lease owner")
+	require.LessOrEqual(t, len(g.Lease().Owner), sqllock.MaxOwnerLen)
+	require.NoError(t, long.Close(ctx))
 }
 
 func TestAcquireWakesOnRelease(t *testing.T) {

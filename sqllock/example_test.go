@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,10 +48,13 @@ func ExampleClient_TryAcquire() {
 	_, err = b.TryAcquire(ctx, "migrations", nil)
 	var held *sqllock.HeldError
 	if errors.As(err, &held) {
-		fmt.Println(errors.Is(err, sqllock.ErrNotAcquired), "held by", held.Owner, "token", held.Token)
+		// A lease's owner is the client's name, "/", and a part unique
+		// to the acquire call.
+		name, _, _ := strings.Cut(held.Owner, "/")
+		fmt.Println(errors.Is(err, sqllock.ErrNotAcquired), "held by", name, "token", held.Token)
 	}
 	// Output:
-	// true held by a/1 token 1
+	// true held by a token 1
 }
 
 func ExampleClient_Acquire() {

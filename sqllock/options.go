@@ -18,9 +18,10 @@ const (
 // default, so Options{} is a working configuration.
 type Options struct {
 	// Owner names this client in every lease it takes (`sqllock list` shows
-	// it). Each acquire call appends its own sequence number, so that a retry
-	// of one call is recognised and two calls never share an owner. Default:
-	// "host:pid:random". At most MaxOwnerLen-24 bytes.
+	// it). Each acquire call appends a per-Client random number and its own
+	// sequence number, so that a retry of one call is recognised and two
+	// calls never share an owner, even from Clients given the same Owner.
+	// Default: "host:pid:random". At most MaxOwnerLen-34 bytes.
 	Owner string
 
 	// Logger receives lease losses (Warn) and transient renewal failures

@@ -315,6 +315,13 @@ func CheckGuard(h *History, r *Report) {
 			for j := i + 1; j < len(gs); j++ {
 				a, b := gs[i], gs[j] // a's token is older
 				if a.Token == b.Token {
+					// One tenure, one guard: two guards of one token
+					// alive at once mean two holders were handed the
+					// same grant (an owner name shared by two clients).
+					if b.Start < a.End && a.Start < b.End {
+						r.add(CGuard, key, max(a.Start, b.Start), "guards %d (%q) and %d (%q) share token %d and overlap in local time",
+							a.ID, a.Owner, b.ID, b.Owner, a.Token)
+					}
 					continue
 				}
 				end := a.End

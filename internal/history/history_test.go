@@ -121,6 +121,15 @@ func TestCheckGuard(t *testing.T) {
 		history.CheckGuard(&history.History{Guards: []history.Guard{g1, g2}, Ops: []history.Op{a1, a2}}, r)
 		require.Equal(t, 1, r.Count(history.CGuard), r.First())
 	})
+	t.Run("SharedToken", func(t *testing.T) {
+		// Two clients handed the same grant (one owner name for both).
+		g1, a1 := lease(1, "k", "web01/1", 1, 0, 2*s)
+		g2, a2 := lease(2, "k", "web01/1", 1, s, 2*s)
+		g2.Client = 1
+		r := &history.Report{}
+		history.CheckGuard(&history.History{Guards: []history.Guard{g1, g2}, Ops: []history.Op{a1, a2}}, r)
+		require.Equal(t, 1, r.Count(history.CGuard), r.First())
+	})
 	t.Run("LossIgnored", func(t *testing.T) {
 		g, a := lease(1, "k", "a/1", 1, 0, 2*s)
 		lost := history.Op{ID: 2, Kind: history.Renew, Key: "k", Owner: "a/1", Token: 1, Call: s, Return: s, Outcome: history.Lost}

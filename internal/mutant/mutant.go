@@ -55,3 +55,20 @@ func (k Kind) String() string {
 	}
 	return "unknown"
 }
+
+// deterministicOwners is not a broken behaviour but a replay switch; see
+// SetDeterministicOwners.
+var deterministicOwners atomic.Bool
+
+// SetDeterministicOwners makes every sqllock.Client derive the random part
+// of its lease owners from its owner name instead of drawing it, so that a
+// simulation replays byte for byte. It is safe only while every Client has
+// an owner name of its own (as in the simulation); production never sets
+// it. It returns a function that restores the previous setting.
+func SetDeterministicOwners(on bool) (restore func()) {
+	prev := deterministicOwners.Swap(on)
+	return func() { deterministicOwners.Store(prev) }
+}
+
+// DeterministicOwners reports whether SetDeterministicOwners is on.
+func DeterministicOwners() bool { return deterministicOwners.Load() }
