@@ -3,6 +3,7 @@ package sqllock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -720,4 +721,105 @@ func TestManualRenew(t *testing.T) {
 		<-g.Done()
 		require.Equal(t, sqllock.LostExpired, lostReason(t, g))
 	})
+}
+
+// PITFALLS 16 (pglock#5): a Release called with a context that has already
+// ended (the request's, after a timeout) must still reach the backend.
+func TestReleaseWithEndedContextStillReleases(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		var sentWith error
+		tb.b.release = func(ctx context.Context, l sqllock.Lease) error {
+			sentWith = ctx.Err()
+			return tb.mem.Release(ctx, l)
+		}
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		ended, cancel := context.WithCancel(t.Context())
+		cancel()
+		require.NoError(t, g.Release(ended))
+		require.NoError(t, sentWith, "the backend got an ended context")
+		require.Equal(t, 1, tb.b.n("release"))
+		require.False(t, held(t, tb.mem, "k"))
+	})
+}
+
+// WD-6: a release whose reply is lost. The guard ends at once either way;
+// the release is repeated (harmless: the backend tells a repeat by the
+// same owner), and when every reply is lost Release says the outcome is
+// unknown, and says it again without another call.
+func TestReleaseReplyLost(t *testing.T) {
+	t.Parallel()
+	lostReply := func(tb *testBundle, times int) {
+		tb.b.release = func(ctx context.Context, l sqllock.Lease) error {
+			if err := tb.mem.Release(ctx, l); err != nil {
+				return err
+			}
+			if tb.b.n("release") <= times {
+				return fmt.Errorf("%w: reply lost", sqllock.ErrIndeterminate)
+			}
+			return nil
+		}
+	}
+	t.Run("Once", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tb := setup(t, sqllock.Options{})
+			lostReply(tb, 1)
+			g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+			require.NoError(t, err)
+			require.NoError(t, g.Release(t.Context()))
+			require.Equal(t, 2, tb.b.n("release"))
+			require.ErrorIs(t, g.Err(), sqllock.ErrReleased)
+			require.False(t, held(t, tb.mem, "k"))
+		})
+	})
+	t.Run("Always", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tb := setup(t, sqllock.Options{})
+			lostReply(tb, 1000)
+			g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+			require.NoError(t, err)
+			err = g.Release(t.Context())
+			require.ErrorIs(t, err, sqllock.ErrIndeterminate)
+			require.ErrorIs(t, g.Err(), sqllock.ErrReleased, "the guard must end even when the release is unknown")
+			calls := tb.b.n("release")
+			require.Equal(t, 3, calls)
+			require.Equal(t, err, g.Release(t.Context()), "a second Release repeats the answer")
+			require.Equal(t, calls, tb.b.n("release"), "a second Release sent again")
+			require.False(t, held(t, tb.mem, "k"), "applied, only the reply was lost")
+		})
+	})
+}
+
+// WD-8: the client does no arithmetic between the database's clock and its
+// own: a database clock an hour ahead of or behind the local one changes
+// neither the local deadline nor the renewal cadence.
+func TestDatabaseClockOffsetIsIgnored(t *testing.T) {
+	t.Parallel()
+	for _, offset := range []time.Duration{time.Hour, -time.Hour} {
+		t.Run(offset.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := memory.NewWithClock(func() time.Time { return time.Now().Add(offset) })
+				fb := &faulty{Backend: mem}
+				c, err := sqllock.New(fb, sqllock.Options{TTL: ttl, Margin: 50 * time.Millisecond})
+				require.NoError(t, err)
+				defer c.Close(context.Background())
+				sent := time.Now()
+				g, err := c.TryAcquire(t.Context(), "k", nil)
+				require.NoError(t, err)
+				require.Equal(t, sent.Add(ttl-50*time.Millisecond), g.LocalDeadline())
+				require.WithinDuration(t, sent.Add(offset), g.Lease().BackendTime, time.Millisecond)
+				time.Sleep(5*interval + interval/2)
+				require.NoError(t, g.Err())
+				renews := fb.renewTimes()
+				require.Len(t, renews, 5)
+				for i, at := range renews {
+					require.Equal(t, sent.Add(time.Duration(i+1)*interval), at)
+				}
+				require.Equal(t, renews[4].Add(ttl-50*time.Millisecond), g.LocalDeadline())
+				require.NoError(t, g.Release(t.Context()))
+			})
+		})
+	}
 }
