@@ -253,6 +253,9 @@ func TestPostgresReadOnlySession(t *testing.T) {
 	require.ErrorIs(t, err, sqllock.ErrUnavailable)
 	require.NotErrorIs(t, err, sqllock.ErrNotAcquired)
 	require.ErrorContains(t, err, "read-only")
-	require.Less(t, took, 2*time.Second, "a read-only session must fail fast")
+	// The pool is cold: the bound covers a dial and a startup on a loaded
+	// machine too (typically it takes milliseconds: see the log line); a
+	// wait or a retry loop would take far longer.
+	require.Less(t, took, 5*time.Second, "a read-only session must fail fast")
 	t.Logf("read-only TryAcquire failed in %v: %v", took.Round(time.Millisecond), err)
 }

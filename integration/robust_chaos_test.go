@@ -47,9 +47,12 @@ func chaosDuration(t *testing.T) time.Duration {
 // carelessly: they write without looking at their guard after their work,
 // so a fault that ends the guard meanwhile makes a zombie write), while a
 // seeded schedule
-// injects one fault at a time (blackhole 1–3s, hold-then-deliver 1–2s,
-// latency 100–500ms, reset, a row-lock stall of 1–3s). The history and the
-// database's audit log are checked by every checker and by porcupine.
+// injects one fault at a time: a blackhole of TTL/2–3TTL/2, hold-then-deliver
+// of TTL/4–3TTL/4, latency of TTL/20–TTL/4 for one TTL, a reset, a row-lock
+// stall of TTL/2–3TTL/2 (with robustTTL: 2–6s, 1–3s, 200ms–1s for 4s, 2–6s;
+// the schedule written for a 2s TTL, scaled, so that faults outlast a local
+// deadline as often as they did). The history and the database's audit log
+// are checked by every checker and by porcupine.
 // It runs alone (not in parallel), so that the machine's load does not eat
 // the margin.
 func TestRobustChaosHistory(t *testing.T) {
@@ -59,7 +62,10 @@ func TestRobustChaosHistory(t *testing.T) {
 	replay := fmt.Sprintf("CHAOS_SEED=%d ROBUST_CHAOS_DURATION=%v go test ./integration -run '^TestRobustChaosHistory$' -v", seed, duration)
 	t.Logf("chaos seed %d, %v; replay: %s", seed, duration, replay)
 	params := robustParams
-	w := newRobustWorld(t, "HIST-PG", seed, 2*time.Second, params)
+	w := newRobustWorld(t, "HIST-PG", seed, robustTTL, params)
+	// scale turns a fault duration written for a TTL of 2s into the same
+	// fraction of this world's TTL.
+	scale := func(d time.Duration) time.Duration { return d * (w.ttl / time.Millisecond) / 2000 }
 	ctx, cancel := context.WithTimeout(t.Context(), duration+60*time.Second)
 	defer cancel()
 	var cs []*robustClient
@@ -112,7 +118,7 @@ func TestRobustChaosHistory(t *testing.T) {
 		kind := kinds[round%len(kinds)]
 		pc := cs[rng.IntN(len(cs))]
 		key := keys[rng.IntN(len(keys))]
-		d := time.Duration(1000+rng.IntN(2000)) * time.Millisecond
+		d := scale(time.Duration(1000+rng.IntN(2000)) * time.Millisecond)
 		at := time.Duration(w.rec.Now()).Round(time.Millisecond)
 		switch kind {
 		case "blackhole":
@@ -127,10 +133,10 @@ func TestRobustChaosHistory(t *testing.T) {
 			pause(ctx, d)
 			pc.proxy.Pass()
 		case "latency":
-			l := time.Duration(100+rng.IntN(400)) * time.Millisecond
-			schedule = append(schedule, fmt.Sprintf("%v latency c%d %v for 2s", at, pc.id, l))
+			l := scale(time.Duration(100+rng.IntN(400)) * time.Millisecond)
+			schedule = append(schedule, fmt.Sprintf("%v latency c%d %v for %v", at, pc.id, l, w.ttl))
 			pc.proxy.SetLatency(l, l/5)
-			pause(ctx, 2*time.Second)
+			pause(ctx, w.ttl)
 			pc.proxy.Pass()
 		case "reset":
 			schedule = append(schedule, fmt.Sprintf("%v reset c%d", at, pc.id))

@@ -40,7 +40,7 @@ func protectedWrite(ctx context.Context, pool *pgxpool.Pool, key string, token i
 }
 
 // TestRobustPartitionHolderDelayedPackets is PG-1b: the holder A's
-// connection holds its bytes for 3s and then delivers them: a renewal and
+// connection holds its bytes for TTL+1s and then delivers them: a renewal and
 // a protected write reach the database after B took the key. The write is
 // refused by the fence; the renewal, which A gave up on at its local
 // deadline, touches no row when it runs (its statement trigger counts it;
@@ -50,7 +50,7 @@ func protectedWrite(ctx context.Context, pool *pgxpool.Pool, key string, token i
 func TestRobustPartitionHolderDelayedPackets(t *testing.T) {
 	t.Parallel()
 	const key = "pg1b"
-	w := newRobustWorld(t, "PG-1b", 0, 2*time.Second, robustParams)
+	w := newRobustWorld(t, "PG-1b", 0, robustTTL, robustParams)
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	_, err := w.db.Pool.Exec(ctx, protectedSQL)
@@ -81,11 +81,11 @@ func TestRobustPartitionHolderDelayedPackets(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("A's guard was never cancelled")
 	}
-	gb, _ := w.tryUntil(ctx, b, key, 8*time.Second)
+	gb, _ := w.tryUntil(ctx, b, key, 2*w.ttl)
 	require.NoError(t, protectedWrite(ctx, b.pool, key, gb.Token()))
 	grantedB := time.Now()
 
-	pause(ctx, time.Until(holdAt.Add(3*time.Second)))
+	pause(ctx, time.Until(holdAt.Add(w.ttl+time.Second)))
 	require.Positive(t, a.proxy.Stats().Queued, "nothing was held")
 	a.proxy.Pass()
 	// Wait until the held bytes are delivered and the database is done

@@ -67,9 +67,17 @@ type robustWorld struct {
 	ttl   time.Duration
 	start time.Time
 
-	mu      sync.Mutex // guards clients
-	clients []*robustClient
-	wg      sync.WaitGroup // guard watchers
+	mu       sync.Mutex // guards clients and watchers
+	clients  []*robustClient
+	watchers []robustWatcher
+	wg       sync.WaitGroup // guard watchers
+}
+
+// robustWatcher is the watcher of one guard: recorded is closed once it
+// has recorded the guard's end.
+type robustWatcher struct {
+	g        *sqllock.Guard
+	recorded chan struct{}
 }
 
 // robustClient is one client: pool, backend, recording wrapper, client, and
@@ -102,6 +110,10 @@ func (pc *robustClient) extraPool(t *testing.T) *pgxpool.Pool {
 
 func newRobustWorld(t *testing.T, name string, seed uint64, ttl time.Duration, params history.Params) *robustWorld {
 	t.Helper()
+	// A guard may be observed ending up to Eps after its local deadline;
+	// only with Eps below the margin does C-GUARD still prove that it ended
+	// before the database deadline.
+	require.Less(t, params.Eps, robustSettings.margin, "the checker's slack must be below the clients' margin")
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -244,9 +256,14 @@ func (w *robustWorld) hold(ctx context.Context, pc *robustClient, key string, wa
 	s := pc.settings()
 	gid := w.rec.GuardStart(history.Guard{Client: pc.id, Key: key, Owner: g.Lease().Owner, Token: g.Token(),
 		TTL: w.ttl, Margin: s.margin, Interval: s.interval, Start: w.rec.Now()})
+	gw := robustWatcher{g: g, recorded: make(chan struct{})}
+	w.mu.Lock()
+	w.watchers = append(w.watchers, gw)
+	w.mu.Unlock()
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
+		defer close(gw.recorded)
 		<-g.Done()
 		end := w.rec.Now()
 		cause := context.Cause(g.Context())
@@ -266,10 +283,21 @@ type robustClientSettings struct{ margin, interval time.Duration }
 // settings are the timings every client of these tests uses (see opts).
 func (pc *robustClient) settings() robustClientSettings { return robustSettings }
 
-var robustSettings = robustClientSettings{margin: 400 * time.Millisecond, interval: 500 * time.Millisecond}
+// robustTTL is the lease TTL of the robustness tests' worlds. With the
+// margin of robustSettings, a guard's local deadline is 2.8s after the send
+// of its last successful renewal, 1.2s before the database deadline. The
+// end of a guard is observed by a watcher goroutine, so on a loaded CI
+// machine (2 cores, several test binaries, -race) it includes that
+// goroutine's scheduling delay: the checks allow robustParams.Eps and
+// cancelSlack (800ms) for it, which the margin exceeds by 400ms, so that a
+// guard observed ending within the slack still ended before the database
+// deadline.
+const robustTTL = 4 * time.Second
 
-// opts are the client options of these tests: TTL 2s (the world's), renew
-// every 500ms, margin 400ms.
+var robustSettings = robustClientSettings{margin: 1200 * time.Millisecond, interval: 500 * time.Millisecond}
+
+// opts are the client options of these tests: TTL the world's (robustTTL
+// unless a test says otherwise), renew every 500ms, margin 1.2s.
 func robustOpts() sqllock.Options {
 	return sqllock.Options{RenewInterval: robustSettings.interval, Margin: robustSettings.margin}
 }
@@ -362,15 +390,25 @@ func (w *robustWorld) readAudit(ctx context.Context) {
 	w.rec.AddAudit(as...)
 }
 
+// robustLinkSlack is LinkAudit's slack between the database's wall-clock
+// times and the recorder's monotonic times: it absorbs the drift of the
+// wall clock (NTP slewing, up to 0.5ms/s) over a run of a minute or more.
+// It only widens the time window in which a release record is matched to
+// a definite release of the same lease, and in which an unmatched record is
+// given to an unknown call of the same owner or lease.
+const robustLinkSlack = 50 * time.Millisecond
+
 // check reads the audit log, links it to the calls and runs every checker
-// and porcupine. On failure it writes the artifacts and fails t.
+// and porcupine. On failure it writes the artifacts and fails t. Every
+// guard must have ended (a guard still held is reported as never ended).
 func (w *robustWorld) check(ctx context.Context, replay string) (*history.History, *history.Report) {
 	t := w.t
 	t.Helper()
+	w.awaitEnded()
 	w.readAudit(ctx)
 	w.res.Finish()
 	h := w.rec.History()
-	left := history.LinkAudit(h, 5*time.Millisecond)
+	left := history.LinkAudit(h, robustLinkSlack)
 	r := history.Check(h)
 	model, info := history.CheckLin(h, r, true, 60*time.Second)
 	if left > 0 {
@@ -387,6 +425,23 @@ func (w *robustWorld) check(ctx context.Context, replay string) (*history.Histor
 }
 
 var _ = porcupine.Ok
+
+// awaitEnded waits until the watcher of every guard that has ended has
+// recorded its end, so that a guard released just before check is not
+// seen as never ended. A guard still held keeps its watcher running: it is
+// not waited for (its end stays open in the history).
+func (w *robustWorld) awaitEnded() {
+	w.mu.Lock()
+	ws := append([]robustWatcher(nil), w.watchers...)
+	w.mu.Unlock()
+	for _, gw := range ws {
+		select {
+		case <-gw.g.Done():
+			<-gw.recorded // the watcher is past <-g.Done(): it records and returns
+		default:
+		}
+	}
+}
 
 // figures renders the test's figure line.
 func (w *robustWorld) figures(test string, h *history.History, r *history.Report, faults map[string]int, extra ...string) string {

@@ -36,19 +36,34 @@ func (w *robustWorld) grantsOf(ctx context.Context, owner string) []int64 {
 // retry with the same owner gets the same token back, never a second
 // tenure. Through the Client, the outcome is the same tenure (settled) or
 // ErrIndeterminate, with one token at most.
+//
+// Nothing here waits for a lease to expire, so the TTL is long (10s): the
+// orphan grant must stay unexpired through B's attempt and A's retry, however
+// slow the machine. Each blackholed call waits out its context (replyWait):
+// it must cover the request's way to the database, A's pool being warm.
 func TestRobustReplyLostAfterCommit(t *testing.T) {
 	t.Parallel()
-	w := newRobustWorld(t, "PG-4", 0, 2*time.Second, robustParams)
+	const replyWait = 2 * time.Second
+	w := newRobustWorld(t, "PG-4", 0, 10*time.Second, robustParams)
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	a, b := w.client(true, robustOpts()), w.client(false, robustOpts())
+
+	// Warm A's pool before the blackhole is armed: a connection through
+	// the proxy, started, with the acquire statement prepared. (Without
+	// it the context below also covers dial, startup and prepare; if it ran
+	// out before the request was sent, the outcome would be Unavailable and
+	// nothing matched.)
+	warm, err := a.fb.TryAcquire(ctx, sqllock.AcquireRequest{Key: "pg4-warm", TTL: w.ttl, Owner: "pg4-warm/1"})
+	require.NoError(t, err)
+	require.NoError(t, a.fb.Release(ctx, warm))
 
 	// At the backend.
 	const key = "pg4"
 	req := sqllock.AcquireRequest{Key: key, TTL: w.ttl, Owner: "pg4-a/1"}
 	a.proxy.BlackholeRepliesAfter([]byte(req.Owner))
-	actx, acancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	_, err := a.fb.TryAcquire(actx, req)
+	actx, acancel := context.WithTimeout(ctx, replyWait)
+	_, err = a.fb.TryAcquire(actx, req)
 	acancel()
 	require.ErrorIs(t, err, sqllock.ErrIndeterminate)
 	require.Equal(t, 1, a.proxy.Stats().Matched)
@@ -67,9 +82,11 @@ func TestRobustReplyLostAfterCommit(t *testing.T) {
 	require.NoError(t, gb.Release(ctx))
 
 	// Through the Client: it settles a lost reply by repeating the request.
+	// (A's pool is warm again: the retry and the release above ran on a
+	// new connection through the proxy.)
 	const key2 = "pg4-client"
 	a.proxy.BlackholeRepliesAfter([]byte(key2))
-	cctx, ccancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	cctx, ccancel := context.WithTimeout(ctx, replyWait)
 	g, err := a.c.TryAcquire(cctx, key2, nil)
 	ccancel()
 	outcome := "settled"

@@ -20,7 +20,7 @@ import (
 func TestRobustConnectionReset(t *testing.T) {
 	t.Parallel()
 	const key = "pg1d"
-	w := newRobustWorld(t, "PG-1d", 0, 2*time.Second, robustParams)
+	w := newRobustWorld(t, "PG-1d", 0, robustTTL, robustParams)
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	a, b := w.client(true, robustOpts()), w.client(false, robustOpts())

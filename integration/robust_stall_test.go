@@ -14,13 +14,16 @@ import (
 )
 
 // TestRobustRowLockStall is PG-5a: another session locks A's lease row FOR
-// UPDATE for 2×TTL. A's renewals wait on the row lock, each one returns by
-// A's local deadline (+ scheduling slack), the guard ends by its local deadline, and no
-// renewal that was waiting commits after the lock is released.
+// UPDATE for TTL+margin: its last renewal before the stall was sent before
+// the stall began, so the stall outlasts A's local deadline by at least
+// twice the margin and the lease's database deadline by at least the margin.
+// A's renewals wait on the row lock, each one returns by A's local deadline
+// (+ scheduling slack), the guard ends by its local deadline, and no renewal
+// that was waiting commits after the lock is released.
 func TestRobustRowLockStall(t *testing.T) {
 	t.Parallel()
 	const key = "pg5a"
-	w := newRobustWorld(t, "PG-5a", 0, 2*time.Second, robustParams)
+	w := newRobustWorld(t, "PG-5a", 0, robustTTL, robustParams)
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	a := w.client(false, robustOpts())
@@ -34,11 +37,11 @@ func TestRobustRowLockStall(t *testing.T) {
 	_, err = tx.Exec(ctx, "SELECT 1 FROM sqllock_locks WHERE key = $1 FOR UPDATE", key)
 	require.NoError(t, err)
 	stallStart := w.rec.Now()
-	pause(ctx, 2*w.ttl)
+	pause(ctx, w.ttl+robustSettings.margin)
 	require.NoError(t, tx.Commit(ctx))
 	var released time.Time
 	require.NoError(t, w.db.Pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&released))
-	require.Error(t, ga.Err(), "A's guard outlived a stall of 2×TTL")
+	require.Error(t, ga.Err(), "A's guard outlived a stall of TTL+margin")
 	var le *sqllock.LostError
 	require.ErrorAs(t, ga.Err(), &le)
 	pause(ctx, 500*time.Millisecond) // let anything still waiting commit
@@ -73,7 +76,7 @@ func TestRobustRowLockStall(t *testing.T) {
 // false success, never a false failure.
 func TestRobustStatementTimeout(t *testing.T) {
 	t.Parallel()
-	w := newRobustWorld(t, "PG-5b", 0, 2*time.Second, robustParams)
+	w := newRobustWorld(t, "PG-5b", 0, robustTTL, robustParams)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	// The lock table gets a slow trigger, so that the timeout fires in
