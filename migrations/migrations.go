@@ -12,8 +12,8 @@
 //
 // All functions are safe for concurrent use. On PostgreSQL, Up and Down from
 // several processes at once are serialized by a session advisory lock (see
-// [NewProvider]); on SQLite, a concurrent Up that loses the race reports
-// success once the winner has applied everything.
+// [NewProvider]); on SQLite, a concurrent Up that loses the race retries
+// and reports success once the winner has applied everything (see [Up]).
 package migrations
 
 import (
@@ -26,11 +26,13 @@ import (
 	"fmt"
 	"hash/crc64"
 	"io/fs"
+	"math/rand/v2"
 	"path"
 	"slices"
 	"strings"
 	"testing/fstest"
 	"text/template"
+	"time"
 
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
@@ -216,24 +218,134 @@ func NewProvider(d Dialect, db *sql.DB, o Options, opts ...goose.ProviderOption)
 }
 
 // Up applies all pending migrations; it is a no-op when none are pending.
+//
+// On PostgreSQL, concurrent Up calls queue on the session advisory lock (see
+// [NewProvider]), and an error is returned as it comes.
+//
+// SQLite has no such lock, so concurrent Up calls on one database (from
+// several *sql.DB handles or processes) race, and Up retries the attempts
+// that lost: an attempt that fails because the database is busy or locked
+// (SQLITE_BUSY or SQLITE_LOCKED, extended codes included), or because a
+// concurrent Up created a table first ("already exists"), is started over
+// after a short, jittered, exponentially growing sleep (at most 100ms). Each
+// attempt first checks for pending migrations, so Up returns nil once the
+// winner has committed them all, and a migration is never applied twice:
+// goose applies each migration and records it in one transaction, and a
+// failed one changes nothing. Busy is worth retrying even with busy_timeout
+// set, because SQLite fails at once, without calling its busy handler, in
+// some conflicts: when a deferred transaction that has read needs the write
+// lock another connection holds (waiting could deadlock; a DSN with
+// _txlock=immediate avoids this one), or when connections opened at the same
+// time switch a fresh file to WAL. The retries stop at ctx's end, after 30s
+// in all, or when "already exists" persists over a few attempts (a table
+// made outside these migrations); Up then returns the last error. Any other
+// error is returned at once.
 func Up(ctx context.Context, d Dialect, db *sql.DB, o Options) error {
+	if d == SQLite {
+		return upSQLite(ctx, db, o)
+	}
 	p, err := NewProvider(d, db, o)
 	if err != nil {
 		return err
 	}
-	_, err = p.Up(ctx)
-	if err != nil && d == SQLite {
-		// SQLite has no session lock: two processes may both see a migration
-		// pending and the second to commit fails. If everything is applied
-		// now, the goal is reached.
-		if pending, perr := p.HasPending(ctx); perr == nil && !pending {
-			return nil
-		}
-	}
-	if err != nil {
+	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrations: up: %w", err)
 	}
 	return nil
+}
+
+// Bounds of Up's retries on SQLite.
+const (
+	sqliteUpBudget     = 30 * time.Second       // total, from the first attempt
+	sqliteUpMaxBackoff = 100 * time.Millisecond // cap of one sleep
+	sqliteUpMaxExists  = 3                      // "already exists" retries
+)
+
+// upSQLite is Up for SQLite: goose's Up, retried while it loses a race with
+// a concurrent Up (see Up).
+func upSQLite(ctx context.Context, db *sql.DB, o Options) error {
+	start := time.Now()
+	exists := 0
+	for attempt := 1; ; attempt++ {
+		// A fresh provider for every attempt: goose creates its version
+		// table at most once per provider (a sync.Once) and, when that
+		// failed, would not try again but go on as if the table existed.
+		p, err := NewProvider(SQLite, db, o)
+		if err != nil {
+			return err
+		}
+		_, err = p.Up(ctx)
+		if err == nil {
+			return nil
+		}
+		switch {
+		case isSQLiteBusy(err):
+		case isSQLiteExists(err) && exists < sqliteUpMaxExists:
+			exists++
+		default:
+			return fmt.Errorf("migrations: up: %w", err)
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("migrations: up: %w (after %d attempts; last: %w)", ctx.Err(), attempt, err)
+		}
+		waited := time.Since(start)
+		if waited >= sqliteUpBudget {
+			return fmt.Errorf("migrations: up: gave up after %d attempts in %v: %w",
+				attempt, waited.Round(time.Millisecond), err)
+		}
+		// Full jitter, so the losers do not collide again in step, over an
+		// exponential cap: 1, 2, 4 ... 64, 100 ms.
+		limit := min(time.Millisecond<<min(attempt-1, 7), sqliteUpMaxBackoff)
+		t := time.NewTimer(rand.N(limit) + 100*time.Microsecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("migrations: up: %w (after %d attempts; last: %w)", ctx.Err(), attempt, err)
+		}
+	}
+}
+
+// SQLite primary result codes (modernc.org/sqlite/lib), spelled out here so
+// that this package, also used for PostgreSQL only, does not link SQLite.
+const (
+	sqliteError  = 1 // SQLITE_ERROR
+	sqliteBusy   = 5 // SQLITE_BUSY
+	sqliteLocked = 6 // SQLITE_LOCKED
+)
+
+// sqliteCode returns the primary SQLite result code carried by err, and
+// whether err carries one: *modernc.org/sqlite.Error has a Code method.
+// modernc turns on extended result codes, so the code may carry an extension
+// in its high bits (SQLITE_BUSY_SNAPSHOT = 517 = 5 | 2<<8), masked off here.
+func sqliteCode(err error) (int, bool) {
+	var c interface{ Code() int }
+	if errors.As(err, &c) {
+		return c.Code() & 0xff, true
+	}
+	return 0, false
+}
+
+// isSQLiteBusy reports whether err is SQLITE_BUSY or SQLITE_LOCKED: another
+// connection holds a lock, and the failed statement changed nothing. For a
+// driver whose errors carry no code, it falls back to SQLite's messages for
+// these two codes.
+func isSQLiteBusy(err error) bool {
+	if c, ok := sqliteCode(err); ok {
+		return c == sqliteBusy || c == sqliteLocked
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "database is locked") || strings.Contains(msg, "database table is locked")
+}
+
+// isSQLiteExists reports whether err is SQLite's "table ... already exists"
+// (or index, trigger, view). SQLite reports it as a plain SQLITE_ERROR, so
+// only the message tells it apart.
+func isSQLiteExists(err error) bool {
+	if c, ok := sqliteCode(err); ok && c != sqliteError {
+		return false
+	}
+	return strings.Contains(err.Error(), "already exists")
 }
 
 // Down rolls back the most recent applied migration (one step). When nothing

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -165,23 +166,130 @@ func TestSQLite(t *testing.T) {
 
 	t.Run("ConcurrentUp", func(t *testing.T) {
 		t.Parallel()
-		path := filepath.Join(t.TempDir(), "shared.db")
-		const n = 4
-		errs := make(chan error, n)
-		for range n {
-			go func() {
+		// Several processes migrating one fresh file at once, each through
+		// its own *sql.DB, which connects (and switches the file to WAL)
+		// inside Up. The DSN deliberately leaves out _txlock=immediate:
+		// goose's transactions are then deferred, and SQLite answers a lock
+		// conflict it cannot wait out without risking a deadlock with
+		// SQLITE_BUSY at once, busy_timeout notwithstanding. Each round is a
+		// fresh file, so every round races on creating both tables.
+		const rounds, n = 10, 8
+		for round := range rounds {
+			path := filepath.Join(t.TempDir(), fmt.Sprintf("shared%d.db", round))
+			dbs := make([]*sql.DB, n)
+			for i := range dbs {
 				db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
-				if err != nil {
-					errs <- err
-					return
-				}
-				defer db.Close()
-				errs <- migrations.Up(ctx, migrations.SQLite, db, migrations.Options{})
-			}()
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, db.Close()) })
+				dbs[i] = db
+			}
+			start := make(chan struct{})
+			errs := make(chan error, n)
+			for _, db := range dbs {
+				go func() {
+					<-start
+					errs <- migrations.Up(ctx, migrations.SQLite, db, migrations.Options{})
+				}()
+			}
+			close(start)
+			for range n {
+				require.NoError(t, <-errs, "round %d", round)
+			}
+			var applied int
+			require.NoError(t, dbs[0].QueryRow(`SELECT count(*) FROM sqllock_locks_version WHERE version_id > 0`).Scan(&applied))
+			require.Equal(t, 1, applied, "round %d: the migration is recorded once", round)
+			require.True(t, tableExists(t, dbs[0], "sqllock_locks"))
 		}
-		for range n {
-			require.NoError(t, <-errs)
+	})
+}
+
+// holdWriteLock opens path as a fresh WAL database whose version table
+// exists but whose migration is pending (Up then Down), takes SQLite's write
+// lock on it and returns the function that releases the lock.
+func holdWriteLock(t *testing.T, path string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	require.NoError(t, migrations.Up(ctx, migrations.SQLite, db, migrations.Options{}))
+	require.NoError(t, migrations.Down(ctx, migrations.SQLite, db, migrations.Options{}))
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, `BEGIN IMMEDIATE`)
+	require.NoError(t, err)
+	released := false
+	release = func() {
+		if released {
+			return
 		}
+		released = true
+		_, err := conn.ExecContext(ctx, `ROLLBACK`)
+		require.NoError(t, err)
+		require.NoError(t, conn.Close())
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// openNoWait opens path with busy_timeout(0), so a lock conflict is
+// SQLITE_BUSY at once and only Up's own retries can wait it out.
+func openNoWait(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(0)&_pragma=journal_mode(WAL)")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	return db
+}
+
+func TestSQLiteUpRetries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("WhileBusy", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "busy.db")
+		release := holdWriteLock(t, path)
+		db := openNoWait(t, path)
+		done := make(chan error, 1)
+		go func() { done <- migrations.Up(ctx, migrations.SQLite, db, migrations.Options{}) }()
+		select {
+		case err := <-done:
+			t.Fatalf("Up returned while another connection held the write lock: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		release()
+		require.NoError(t, <-done)
+		require.True(t, tableExists(t, db, "sqllock_locks"))
+		var applied int
+		require.NoError(t, db.QueryRow(`SELECT count(*) FROM sqllock_locks_version WHERE version_id > 0`).Scan(&applied))
+		require.Equal(t, 1, applied)
+	})
+
+	t.Run("StopsAtContextEnd", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "busy.db")
+		holdWriteLock(t, path)
+		db := openNoWait(t, path)
+		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		err := migrations.Up(cctx, migrations.SQLite, db, migrations.Options{})
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Less(t, time.Since(start), 10*time.Second, "bounded by ctx, not by the total budget")
+	})
+
+	t.Run("PersistentAlreadyExists", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// A table of that name made outside the migrations: retrying cannot
+		// help, so Up gives up after a few attempts.
+		_, err := b.db.Exec(`CREATE TABLE sqllock_locks (x INTEGER)`)
+		require.NoError(t, err)
+		start := time.Now()
+		err = migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{})
+		require.ErrorContains(t, err, "already exists")
+		require.Less(t, time.Since(start), 10*time.Second)
 	})
 }
 

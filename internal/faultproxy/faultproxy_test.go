@@ -115,17 +115,26 @@ func readN(c net.Conn, n int, d time.Duration) (string, error) {
 	return string(buf), err
 }
 
-// eventually polls cond until it holds or 5 s pass.
+// patience bounds every wait for something that must happen: it is only
+// reached when the test fails, so it is generous, for a loaded machine.
+const patience = 10 * time.Second
+
+// quiet is how long a read waits to show that nothing arrives. A late
+// reply would not be noticed, so each test also checks, through Stats and
+// the echo server, that the proxy has really processed the bytes.
+const quiet = 200 * time.Millisecond
+
+// eventually polls cond until it holds or patience runs out.
 func eventually(t *testing.T, cond func() bool, msg string) {
 	t.Helper()
-	require.Eventually(t, cond, 5*time.Second, 5*time.Millisecond, msg)
+	require.Eventually(t, cond, patience, 5*time.Millisecond, msg)
 }
 
 func TestPass(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	c := dial(t, tb.proxy)
-	got, err := roundTrip(c, "hello", time.Second)
+	got, err := roundTrip(c, "hello", patience)
 	require.NoError(t, err)
 	require.Equal(t, "hello", got)
 	require.Equal(t, 1, tb.proxy.Stats().Accepted)
@@ -135,32 +144,37 @@ func TestBlackholeDropsAndPassResumes(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	c := dial(t, tb.proxy)
-	_, err := roundTrip(c, "a", time.Second)
+	_, err := roundTrip(c, "a", patience)
 	require.NoError(t, err)
 	tb.proxy.Set(faultproxy.Blackhole)
-	_, err = roundTrip(c, "lost", 200*time.Millisecond)
+	_, err = roundTrip(c, "lost", quiet)
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	// The bytes must be dropped before Pass, or Pass would forward them.
+	eventually(t, func() bool { return tb.proxy.Stats().Dropped == 4 }, "the blackholed bytes are dropped")
 	require.Equal(t, "a", tb.echo.received(), "the server never saw the blackholed bytes")
 	tb.proxy.Pass()
-	got, err := roundTrip(c, "b", time.Second)
+	got, err := roundTrip(c, "b", patience)
 	require.NoError(t, err)
-	require.Equal(t, "b", got)
+	require.Equal(t, "b", got, "the dropped bytes stay dropped after Pass")
 	require.Equal(t, int64(4), tb.proxy.Stats().Dropped)
+	require.Equal(t, "ab", tb.echo.received())
 }
 
 func TestHoldDeliversLater(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	c := dial(t, tb.proxy)
-	_, err := roundTrip(c, "a", time.Second)
+	_, err := roundTrip(c, "a", patience)
 	require.NoError(t, err)
 	tb.proxy.Set(faultproxy.Hold)
-	_, err = roundTrip(c, "held", 200*time.Millisecond)
+	_, err = roundTrip(c, "held", quiet)
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
-	require.Equal(t, "a", tb.echo.received())
-	require.Equal(t, 4, tb.proxy.Stats().Queued)
+	// The bytes must be in the proxy's queue before Pass, or Pass would
+	// only show that they pass, not that Hold delivers them later.
+	eventually(t, func() bool { return tb.proxy.Stats().Queued == 4 }, "the held bytes are queued")
+	require.Equal(t, "a", tb.echo.received(), "held bytes are not delivered")
 	tb.proxy.Pass()
-	got, err := readN(c, 4, time.Second)
+	got, err := readN(c, 4, patience)
 	require.NoError(t, err)
 	require.Equal(t, "held", got)
 	require.Equal(t, "aheld", tb.echo.received())
@@ -172,7 +186,7 @@ func TestHoldDeliversAfterClientClosed(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	c := dial(t, tb.proxy)
-	_, err := roundTrip(c, "a", time.Second)
+	_, err := roundTrip(c, "a", patience)
 	require.NoError(t, err)
 	tb.proxy.Set(faultproxy.Hold)
 	_, err = c.Write([]byte("late"))
@@ -190,7 +204,7 @@ func TestLatency(t *testing.T) {
 	c := dial(t, tb.proxy)
 	tb.proxy.SetLatency(100*time.Millisecond, 0)
 	start := time.Now()
-	got, err := roundTrip(c, "slow", 2*time.Second)
+	got, err := roundTrip(c, "slow", patience)
 	require.NoError(t, err)
 	require.Equal(t, "slow", got)
 	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond, "one delay each way")
@@ -200,10 +214,10 @@ func TestResetAndRefuse(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	c := dial(t, tb.proxy)
-	_, err := roundTrip(c, "a", time.Second)
+	_, err := roundTrip(c, "a", patience)
 	require.NoError(t, err)
 	tb.proxy.Reset()
-	_, err = readN(c, 1, time.Second)
+	_, err = readN(c, 1, patience)
 	require.Error(t, err)
 	require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "reset, not silent: %v", err)
 	require.Equal(t, 1, tb.proxy.Stats().Resets)
@@ -214,15 +228,15 @@ func TestResetAndRefuse(t *testing.T) {
 	c2, err := net.Dial("tcp", tb.proxy.Addr())
 	if err == nil {
 		t.Cleanup(func() { c2.Close() })
-		_, err = roundTrip(c2, "x", time.Second)
+		_, err = roundTrip(c2, "x", patience)
 	}
 	require.Error(t, err)
 	require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "refused, not silent: %v", err)
-	require.Eventually(t, func() bool { return tb.proxy.Stats().Refused == 1 }, 5*time.Second, time.Millisecond)
+	eventually(t, func() bool { return tb.proxy.Stats().Refused == 1 }, "refused")
 
 	tb.proxy.Refuse(false)
 	c3 := dial(t, tb.proxy)
-	got, err := roundTrip(c3, "ok", time.Second)
+	got, err := roundTrip(c3, "ok", patience)
 	require.NoError(t, err)
 	require.Equal(t, "ok", got)
 }
@@ -232,15 +246,21 @@ func TestBlackholeRepliesAfterMatch(t *testing.T) {
 	tb := setup(t)
 	other := dial(t, tb.proxy)
 	c := dial(t, tb.proxy)
-	_, err := roundTrip(c, "before", time.Second)
+	_, err := roundTrip(c, "before", patience)
 	require.NoError(t, err)
 	tb.proxy.BlackholeRepliesAfter([]byte("COMMIT-ME"))
-	_, err = roundTrip(c, "xxCOMMIT-MExx", 200*time.Millisecond)
-	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "the reply is lost")
-	require.Contains(t, tb.echo.received(), "COMMIT-ME", "the request reached the server")
+	const req = "xxCOMMIT-MExx"
+	_, err = roundTrip(c, req, quiet)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "no reply")
+	eventually(t, func() bool { return tb.echo.received() == "before"+req }, "the request reached the server")
 	require.Equal(t, 1, tb.proxy.Stats().Matched)
+	// The server's reply, all of it, was dropped, not merely late: nothing
+	// can arrive any more.
+	eventually(t, func() bool { return tb.proxy.Stats().Dropped == int64(len(req)) }, "the reply is dropped")
+	_, err = readN(c, 1, quiet)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "the reply is lost")
 	// Other connections are untouched, and the match was one-shot.
-	got, err := roundTrip(other, "COMMIT-ME", time.Second)
+	got, err := roundTrip(other, "COMMIT-ME", patience)
 	require.NoError(t, err)
 	require.Equal(t, "COMMIT-ME", got)
 }
