@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
@@ -101,8 +102,25 @@ func TestPostgresMigrationsUpDownUp(t *testing.T) {
 	require.Equal(t, int64(2), migAcquireOnce(ctx, t, be, "k"))
 	require.Equal(t, int64(3), migAcquireOnce(ctx, t, be, "k"))
 
+	// Rows are the token history: deleting by hand is refused (PITFALLS
+	// 19), so a key cannot start over at token 1 behind a stale holder.
+	table := pgx.Identifier{schema, migrations.DefaultTable}.Sanitize()
+	for _, stmt := range []string{"DELETE FROM " + table, "DELETE FROM " + table + " WHERE key = 'k'", "TRUNCATE " + table} {
+		_, err := db.Pool.Exec(ctx, stmt)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, stmt)
+		require.Equal(t, "23001", pgErr.Code, stmt)
+		require.Contains(t, pgErr.Message, "never deleted", stmt)
+		require.Contains(t, pgErr.Hint, "sqllock release --force", stmt)
+	}
+	require.Equal(t, int64(4), migAcquireOnce(ctx, t, be, "k"), "the token history survived")
+
 	require.NoError(t, migrations.Down(ctx, migrations.Postgres, sqlDB, opts))
 	requireApplied(false)
+	var keepLeft bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = $1 AND p.proname = $2)`, schema, migrations.DefaultTable+"_keep").Scan(&keepLeft))
+	require.False(t, keepLeft, "Down leaves the trigger function behind")
 	var schemaLeft bool
 	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema).Scan(&schemaLeft))
 	require.True(t, schemaLeft, "Down leaves the schema in place")

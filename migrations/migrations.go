@@ -113,12 +113,26 @@ func (o Options) check(d Dialect) error {
 	if err := sqlident.Validate(o.table()); err != nil {
 		return fmt.Errorf("migrations: table: %w", err)
 	}
-	// The derived name must be valid too: PostgreSQL would silently truncate
-	// a name over 63 bytes, and the version table would not be found again.
+	// The derived names must be valid too: PostgreSQL would silently
+	// truncate a name over 63 bytes, and the version table would not be
+	// found again. keepSuffix is shorter than versionSuffix.
 	if err := sqlident.Validate(o.table() + versionSuffix); err != nil {
 		return fmt.Errorf("migrations: table name too long for its %q suffix: %w", versionSuffix, err)
 	}
 	return nil
+}
+
+// keepSuffix turns the lock table's name into that of the trigger (SQLite)
+// or trigger function (PostgreSQL) that refuses deleting its rows.
+const keepSuffix = "_keep"
+
+// quotedKeep returns the quoted name of the trigger (SQLite) or trigger
+// function (PostgreSQL) that refuses deleting lock rows.
+func (o Options) quotedKeep(d Dialect) string {
+	if d == SQLite {
+		return sqlident.QuoteSQLite(o.table() + keepSuffix)
+	}
+	return sqlident.QuotePostgres(o.Schema, o.table()+keepSuffix)
 }
 
 // quoted returns the identifiers as they appear in the rendered SQL.
@@ -140,7 +154,7 @@ func FS(d Dialect, o Options) (fs.FS, error) {
 		return nil, err
 	}
 	schema, table, _ := o.quoted(d)
-	data := struct{ Schema, Table string }{schema, table}
+	data := struct{ Schema, Table, Keep string }{schema, table, o.quotedKeep(d)}
 
 	names, err := fs.Glob(embedded, path.Join(string(d), "*.sql"))
 	if err != nil {
@@ -416,8 +430,16 @@ func SQL(d Dialect, o Options, direction string) (string, error) {
 		if direction == "down" {
 			section = down
 		}
+		// goose's statement markers mean nothing to other tools (psql and
+		// sqlite3 split a $$ body or a trigger's BEGIN ... END themselves).
+		var lines []string
+		for line := range strings.Lines(section) {
+			if !strings.HasPrefix(line, "-- +goose ") {
+				lines = append(lines, line)
+			}
+		}
 		fmt.Fprintf(&b, "-- ashlock %s migration %s (version %d), %s\n", d, name, version, direction)
-		b.WriteString(strings.TrimSpace(section))
+		b.WriteString(strings.TrimSpace(strings.Join(lines, "")))
 		b.WriteString("\n\n")
 	}
 	return b.String(), nil

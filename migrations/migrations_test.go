@@ -92,6 +92,29 @@ func TestSQLite(t *testing.T) {
 		}
 	})
 
+	// Rows are the token history: deleting by hand is refused (PITFALLS
+	// 19), so a key cannot start over at token 1 behind a stale holder.
+	t.Run("RowsCannotBeDeleted", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		_, err := b.db.Exec(`INSERT INTO sqllock_locks (key, token, held, deadline, owner) VALUES ('k', 7, 0, 1, 'me')`)
+		require.NoError(t, err)
+		for _, stmt := range []string{`DELETE FROM sqllock_locks`, `DELETE FROM sqllock_locks WHERE key = 'k'`} {
+			_, err := b.db.Exec(stmt)
+			require.ErrorContains(t, err, "never deleted", stmt)
+			require.ErrorContains(t, err, "sqllock release --force", stmt)
+		}
+		var token int64
+		require.NoError(t, b.db.QueryRow(`SELECT token FROM sqllock_locks WHERE key = 'k'`).Scan(&token))
+		require.EqualValues(t, 7, token)
+
+		require.NoError(t, migrations.Down(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		var triggers int
+		require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'trigger'`).Scan(&triggers))
+		require.Zero(t, triggers)
+	})
+
 	t.Run("DownDrops", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -371,7 +394,7 @@ func TestSQL(t *testing.T) {
 
 		plain, err := migrations.SQL(migrations.Postgres, migrations.Options{}, "up")
 		require.NoError(t, err)
-		require.NotContains(t, plain, "SCHEMA")
+		require.NotContains(t, plain, "CREATE SCHEMA")
 		require.Contains(t, plain, `CREATE TABLE "sqllock_locks" (`)
 	})
 

@@ -13,6 +13,17 @@ CREATE TABLE {{.Table}} (
     owner    TEXT    NOT NULL
 ) STRICT;
 
+-- A row is a key's token history: deleted, the key would start again at
+-- token 1 and a stale holder could pass a fencing check. ashlock never
+-- deletes; this refuses a DELETE by hand (a forced release is
+-- "sqllock release --force", which keeps the token).
+-- +goose StatementBegin
+CREATE TRIGGER {{.Keep}} BEFORE DELETE ON {{.Table}}
+BEGIN
+    SELECT RAISE(ABORT, 'sqllock: rows of the lock table hold the fencing-token history and are never deleted; end a lease with "sqllock release --force"');
+END;
+-- +goose StatementEnd
+
 -- +goose Down
 -- WARNING: this drops the lock table and DISCARDS THE TOKEN HISTORY. Fencing
 -- tokens restart from 1 afterwards, so a resource that remembers an older,
