@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/sqllock"
@@ -123,4 +124,41 @@ func TestRobustReplyLostAfterCommit(t *testing.T) {
 	t.Log(w.figures("TestRobustReplyLostAfterCommit", h, r, faults,
 		fmt.Sprintf("indeterminate=%d resolved_via_audit=%d client_outcome=%s", indeterminate, len(tokens), outcome)))
 	robustRequireFired(t, faults)
+}
+
+// TestRobustFencedCommitReplyLost is PG-4 for FencedTx (pgx#2110): the
+// reply to the COMMIT of a fenced transaction is lost after the server
+// committed. FencedTx must say the outcome is unknown (ErrIndeterminate),
+// never report a failure for a write that was applied.
+func TestRobustFencedCommitReplyLost(t *testing.T) {
+	t.Parallel()
+	const replyWait = 2 * time.Second
+	w := newRobustWorld(t, "PG-4-fenced", 0, 10*time.Second, robustParams)
+	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
+	defer cancel()
+	a := w.client(true, robustOpts())
+	_, err := w.db.Pool.Exec(ctx, `CREATE TABLE fenced_data (id int PRIMARY KEY, fence bigint NOT NULL)`)
+	require.NoError(t, err)
+
+	l, err := a.be.TryAcquire(ctx, sqllock.AcquireRequest{Key: "pg4-fenced", TTL: w.ttl, Owner: "pg4-fenced/1"})
+	require.NoError(t, err)
+	// Warm: the fenced statement prepared on A's connection, so that only
+	// the COMMIT below can match.
+	require.NoError(t, a.be.FencedTx(ctx, l, func(pgx.Tx) error { return nil }))
+
+	a.proxy.BlackholeRepliesAfter([]byte("commit"))
+	fctx, fcancel := context.WithTimeout(ctx, replyWait)
+	err = a.be.FencedTx(fctx, l, func(tx pgx.Tx) error {
+		_, err := tx.Exec(fctx, `INSERT INTO fenced_data VALUES (1, $1)`, l.Token)
+		return err
+	})
+	fcancel()
+	require.Equal(t, 1, a.proxy.Stats().Matched, "the COMMIT was not seen by the proxy")
+	a.proxy.Pass()
+	require.ErrorIs(t, err, sqllock.ErrIndeterminate, "%v", err)
+	var fence int64
+	require.NoError(t, w.db.Pool.QueryRow(ctx, `SELECT fence FROM fenced_data WHERE id = 1`).Scan(&fence),
+		"the commit was applied although its reply was lost")
+	require.Equal(t, l.Token, fence)
+	t.Logf("RESULT test=TestRobustFencedCommitReplyLost backend=postgres commit_reply_lost=1 reported=%q applied=1", err)
 }
