@@ -103,7 +103,21 @@ func translatePg(ctx context.Context, prefix, table string, pgErr *pgconn.PgErro
 	case code == "55P03": // lock_not_available: lock_timeout
 		return fmt.Errorf("%s: %w: timed out waiting for a row lock (lock_timeout), not applied: %w", prefix, sqllock.ErrUnavailable, err)
 	case code == "40001" || code == "40P01": // serialization_failure, deadlock_detected
-		return fmt.Errorf("%s: %w: transaction conflict, not applied: %w", prefix, sqllock.ErrUnavailable, err)
+		what := "a serialization failure"
+		if code == "40P01" {
+			what = "a deadlock"
+		}
+		ce, resent := errors.AsType[*conflictError](err)
+		switch {
+		case resent && ce.ctxErr != nil:
+			return fmt.Errorf("%s: %w: transaction conflict (%s, %d times), not applied before the context ended: %w",
+				prefix, sqllock.ErrUnavailable, what, ce.attempts, err)
+		case resent:
+			return fmt.Errorf("%s: %w: transaction conflict: the statement failed with %s each of the %d times it was sent "+
+				"(do sessions default to SERIALIZABLE or REPEATABLE READ isolation?), not applied: %w",
+				prefix, sqllock.ErrUnavailable, what, ce.attempts, err)
+		}
+		return fmt.Errorf("%s: %w: transaction conflict (%s), not applied: %w", prefix, sqllock.ErrUnavailable, what, err)
 	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "53"): // connection exception, insufficient resources
 		return fmt.Errorf("%s: %w: %w", prefix, sqllock.ErrUnavailable, err)
 	}
@@ -120,4 +134,54 @@ func isConnectionError(err error) bool {
 	}
 	_, ok := errors.AsType[net.Error](err)
 	return ok
+}
+
+// isConflict reports a statement that failed with a serialization failure
+// or a deadlock: the server rolled back its transaction, and sending it
+// again in a new one is safe.
+func isConflict(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+// unusable reports a server error after which the session must not be used
+// again: the server is read-only (25006: a hot standby, or a primary demoted
+// by a failover, while a new connection may reach the new primary), it is
+// shutting down or refusing sessions (class 57P: admin_shutdown,
+// crash_shutdown, cannot_connect_now, database_dropped,
+// idle_session_timeout), or the error is FATAL (the server ends the
+// session; pgx closes it by default, unless the application replaced
+// pgconn.Config.OnPgError).
+func unusable(err error) bool {
+	if err == nil {
+		return false
+	}
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	if !ok {
+		return false
+	}
+	severity := pgErr.SeverityUnlocalized // PostgreSQL >= 9.6
+	if severity == "" {
+		severity = pgErr.Severity
+	}
+	return pgErr.Code == "25006" || strings.HasPrefix(pgErr.Code, "57P") || severity == "FATAL" || severity == "PANIC"
+}
+
+// conflictError is the last error of a statement that kept failing with a
+// serialization failure or a deadlock (isConflict), after attempts
+// sendings, or that was not sent again because the context ended (ctxErr).
+type conflictError struct {
+	attempts int
+	err      error
+	ctxErr   error
+}
+
+// Error is the last error's: translatePg tells how many times it happened.
+func (e *conflictError) Error() string { return e.err.Error() }
+
+func (e *conflictError) Unwrap() []error {
+	if e.ctxErr != nil {
+		return []error{e.err, e.ctxErr}
+	}
+	return []error{e.err}
 }

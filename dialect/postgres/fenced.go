@@ -34,7 +34,28 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 	if err := ctx.Err(); err != nil {
 		return notSent(opFence, l.Key, err)
 	}
-	tx, err := b.db.Begin(ctx)
+	// On the pool, take the connection explicitly: one that the server
+	// condemned (read-only after a failover, see unusable) is closed, not
+	// handed back for reuse.
+	conn, err := b.pooledConn(ctx)
+	if err != nil {
+		return b.translate(ctx, opFence, l.Key, err)
+	}
+	if conn != nil {
+		defer func() {
+			// After the rollback below (deferred later, run earlier).
+			if unusable(err) {
+				discard(ctx, conn.Conn())
+			}
+			conn.Release()
+		}()
+	}
+	var tx pgx.Tx
+	if conn != nil {
+		tx, err = conn.Begin(ctx)
+	} else {
+		tx, err = b.db.Begin(ctx)
+	}
 	if err != nil {
 		return b.translate(ctx, opFence, l.Key, err)
 	}

@@ -17,6 +17,20 @@
 // mode), and [Backend.FencedTx] runs a transaction in the same database that
 // commits only while a lease is held.
 //
+// # Isolation levels and failover
+//
+// Where sessions default to REPEATABLE READ or SERIALIZABLE
+// (default_transaction_isolation in the DSN, the role or the database), a
+// contended statement may fail with a serialization failure (or, like any
+// statement, a deadlock); the server rolled it back, and the backend sends
+// it again, a few times with a short jittered pause, before it reports
+// [sqllock.ErrUnavailable]. A connection on which the server answers that it
+// is read-only (a primary demoted by a failover, or a hot standby) or
+// shutting down is closed rather than returned to the pool, so that the next
+// operation dials anew and can reach the new primary; the operation that met
+// it fails with [sqllock.ErrUnavailable], not applied. Neither costs a round
+// trip when it does not happen.
+//
 // # Poolers
 //
 // Behind PgBouncer in transaction mode set [Options.DisableNotify] (LISTEN
@@ -33,6 +47,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -90,9 +105,13 @@ type db interface {
 // safe for concurrent use. Close it to stop its listener; it never closes the
 // pool.
 type Backend struct {
-	db     db
-	pool   *pgxpool.Pool // for the listener's dedicated connection
-	table  string        // quoted, for messages
+	db   db
+	pool *pgxpool.Pool // for the listener's dedicated connection
+	// pooled is db when db is the pool, as always except in tests that run
+	// the Backend on a transaction: statements then take their connection
+	// from it themselves (see queryRow).
+	pooled *pgxpool.Pool
+	table  string // quoted, for messages
 	notify bool
 	log    *slog.Logger
 
@@ -100,6 +119,8 @@ type Backend struct {
 	acquireSQL, renewSQL, releaseSQL, peekSQL, listSQL, fenceSQL, channelSQL string
 
 	beforeRacePeek func() // tests: runs before releaseRaced reads the row
+
+	conflictRetries atomic.Int64 // statements sent again after a conflict (tests)
 
 	mu       sync.Mutex
 	closed   bool
@@ -146,6 +167,9 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 		table:  quoted,
 		notify: !opts.DisableNotify,
 		log:    logger,
+	}
+	if p, ok := d.(*pgxpool.Pool); ok {
+		b.pooled = p
 	}
 	releaseCommit := "set_config('synchronous_commit', 'off', true)"
 	if opts.DurableRelease {
@@ -220,8 +244,8 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		owner         string
 	)
 	sent := time.Now()
-	err := b.db.QueryRow(ctx, b.acquireSQL, req.Key, micros(req.TTL), req.Owner).
-		Scan(&granted, &token, &deadline, &held, &owner, &now)
+	err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, micros(req.TTL), req.Owner},
+		&granted, &token, &deadline, &held, &owner, &now)
 	if err != nil {
 		return sqllock.Lease{}, b.translate(ctx, opAcquire, req.Key, err)
 	}
@@ -267,8 +291,8 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		deadline, now time.Time
 	)
 	sent := time.Now()
-	err := b.db.QueryRow(ctx, b.renewSQL, l.Key, l.Token, micros(ttl)).
-		Scan(&renewed, &deadline, &current, &held, &now)
+	err := b.queryRow(ctx, b.renewSQL, []any{l.Key, l.Token, micros(ttl)},
+		&renewed, &deadline, &current, &held, &now)
 	if err != nil {
 		return sqllock.Lease{}, b.translate(ctx, opRenew, l.Key, err)
 	}
@@ -345,8 +369,8 @@ func (b *Backend) release(ctx context.Context, l sqllock.Lease) error {
 		deadline, now         time.Time
 		owner                 string
 	)
-	err := b.db.QueryRow(ctx, b.releaseSQL, l.Key, l.Token, l.Owner).
-		Scan(&released, &valid, &current, &held, &deadline, &owner, &now, &notified)
+	err := b.queryRow(ctx, b.releaseSQL, []any{l.Key, l.Token, l.Owner},
+		&released, &valid, &current, &held, &deadline, &owner, &now, &notified)
 	if err != nil {
 		return b.translate(ctx, opRelease, l.Key, err)
 	}
@@ -401,7 +425,7 @@ func (b *Backend) releaseRaced(ctx context.Context, l sqllock.Lease) error {
 	if b.beforeRacePeek != nil {
 		b.beforeRacePeek()
 	}
-	err := b.db.QueryRow(ctx, b.peekSQL, l.Key).Scan(&token, &held, &deadline, &owner, &now)
+	err := b.queryRow(ctx, b.peekSQL, []any{l.Key}, &token, &held, &deadline, &owner, &now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return releasedLost(l, false, 0, false, "")
 	}
@@ -421,21 +445,33 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 	if err := ctx.Err(); err != nil {
 		return nil, notSent(opList, prefix, err)
 	}
-	rows, err := b.db.Query(ctx, b.listSQL, prefix)
-	if err != nil {
-		return nil, b.translate(ctx, opList, prefix, err)
-	}
 	var out []sqllock.LockInfo
-	var i sqllock.LockInfo
-	var now time.Time
-	_, err = pgx.ForEachRow(rows, []any{&i.Key, &i.Token, &i.Owner, &i.Held, &i.Deadline, &now}, func() error {
-		i.Remaining = 0
-		if i.Held {
-			i.Remaining = i.Deadline.Sub(now)
+	list := func() error {
+		out = out[:0]
+		rows, err := b.db.Query(ctx, b.listSQL, prefix)
+		if err != nil {
+			return err
 		}
-		out = append(out, i)
-		return nil
-	})
+		var i sqllock.LockInfo
+		var now time.Time
+		_, err = pgx.ForEachRow(rows, []any{&i.Key, &i.Token, &i.Owner, &i.Held, &i.Deadline, &now}, func() error {
+			i.Remaining = 0
+			if i.Held {
+				i.Remaining = i.Deadline.Sub(now)
+			}
+			out = append(out, i)
+			return nil
+		})
+		return err
+	}
+	var err error
+	if b.pooled != nil {
+		// A read-only statement too can fail with a serialization
+		// failure.
+		err = b.retryConflicts(ctx, list)
+	} else {
+		err = list()
+	}
 	if err != nil {
 		return nil, b.translate(ctx, opList, prefix, err)
 	}

@@ -1,0 +1,113 @@
+package postgres
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// conflictAttempts bounds how many times a statement is sent while it keeps
+// failing with a serialization failure or a deadlock (see queryRow).
+const conflictAttempts = 10
+
+// queryRow sends sql with args, one statement in one round trip, and scans
+// its one row into dest.
+//
+// On the pool (the Backend's db is the application's *pgxpool.Pool, so the
+// statement runs in an implicit transaction of its own) it also:
+//
+//   - takes the connection from the pool itself, and closes it instead of
+//     handing it back when the server answered with an error that condemns
+//     the session (see unusable): after a failover the pool's connections
+//     may reach a server that is now read-only, while a new connection
+//     reaches the new primary (river#1225);
+//   - sends the statement again when it failed with a serialization
+//     failure or a deadlock (see isConflict), up to conflictAttempts times
+//     with a short jittered backoff, while ctx lasts: such a statement was
+//     rolled back with its implicit transaction, so sending it again is as
+//     safe as sending it the first time. Sessions at REPEATABLE READ or
+//     SERIALIZABLE (default_transaction_isolation in the DSN, the role or
+//     the database) meet them under contention (pglock#29, #39), and a lock
+//     must not make its callers handle them. (The statement cannot lower
+//     its own isolation level: SET TRANSACTION must precede the
+//     transaction's first query, so that would take BEGIN ISOLATION LEVEL
+//     READ COMMITTED and COMMIT around it, three statements instead of one
+//     on every call, to spare a resend on the rare conflict.)
+//
+// On a transaction (tests run the Backend on a pgx.Tx) it does neither: an
+// error there aborted the caller's transaction, and the connection is not
+// the Backend's.
+func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...any) error {
+	if b.pooled == nil {
+		return b.db.QueryRow(ctx, sql, args...).Scan(dest...)
+	}
+	return b.retryConflicts(ctx, func() error {
+		c, err := b.pooled.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer c.Release()
+		err = c.QueryRow(ctx, sql, args...).Scan(dest...)
+		if unusable(err) {
+			discard(ctx, c.Conn())
+		}
+		return err
+	})
+}
+
+// retryConflicts runs send, one statement on the pool, until it does not
+// fail with a conflict (see queryRow), at most conflictAttempts times and
+// while ctx lasts. Its error after the last attempt is a *conflictError.
+func (b *Backend) retryConflicts(ctx context.Context, send func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := send()
+		if err == nil || !isConflict(err) {
+			return err
+		}
+		if attempt == conflictAttempts {
+			return &conflictError{attempts: attempt, err: err}
+		}
+		t := time.NewTimer(conflictBackoff(attempt))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return &conflictError{attempts: attempt, err: err, ctxErr: ctx.Err()}
+		case <-t.C:
+		}
+		b.conflictRetries.Add(1)
+	}
+}
+
+// conflictBackoff is the pause after the attempt-th sending of a statement
+// failed with a conflict: uniform in [0, d] for d = 1ms, 2ms, 4ms, 8ms, then
+// 16ms (at most 95ms over all attempts). The transaction it conflicted with
+// has usually ended by the time the error arrives, so sending it again soon
+// usually succeeds; the jitter parts statements that conflicted with each
+// other.
+func conflictBackoff(attempt int) time.Duration {
+	d := time.Millisecond << min(attempt-1, 4)
+	return rand.N(d + 1)
+}
+
+// discard closes conn, taken from the pool, so that the pool destroys it
+// when it is released and dials a new one when it needs one. Close sends
+// Terminate without waiting for an answer; it gets a second of its own
+// since ctx may have ended.
+func discard(ctx context.Context, conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
+}
+
+// pooledConn returns a connection from the pool when the Backend runs on
+// one, for a transaction whose connection must be discarded if the server
+// condemns the session; nil otherwise.
+func (b *Backend) pooledConn(ctx context.Context) (*pgxpool.Conn, error) {
+	if b.pooled == nil {
+		return nil, nil
+	}
+	return b.pooled.Acquire(ctx)
+}
