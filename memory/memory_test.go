@@ -24,3 +24,5 @@ func TestConformance(t *testing.T) {
 		},
 	})
 }
+
+func FuzzMemory(f *testing.F) { backendtest.Fuzz(f, memory.New()) }

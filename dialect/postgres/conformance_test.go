@@ -74,3 +74,5 @@ func unwrap(b sqllock.Backend) *Backend {
 	}
 	return b.(*Backend)
 }
+
+func FuzzPostgres(f *testing.F) { backendtest.Fuzz(f, newBundle(f, Options{}).backend) }

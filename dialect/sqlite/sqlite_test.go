@@ -542,3 +542,8 @@ func TestTranslate(t *testing.T) {
 	require.False(t, isBusy(&fakeSQLiteError{sqlite3.SQLITE_CONSTRAINT, "constraint"}))
 	require.Nil(t, b.translate(nil, true))
 }
+
+func FuzzSQLite(f *testing.F) {
+	b, _ := openTest(f, Options{})
+	backendtest.Fuzz(f, b)
+}
