@@ -72,15 +72,19 @@ func (r AcquireRequest) Validate() error {
 	return ValidateOwner(r.Owner)
 }
 
-// ValidateLease checks a lease passed to TryRenew or Release: a valid key and
-// a positive token (no backend ever grants token 0 or below). The errors match
-// [ErrInvalidKey] or [ErrInvalidToken].
+// ValidateLease checks a lease passed to TryRenew or Release: a valid key, a
+// positive token (no backend ever grants token 0 or below), and an owner that
+// is empty or valid (Release records it as who released). The errors match
+// [ErrInvalidKey], [ErrInvalidToken] or [ErrInvalidOwner].
 func ValidateLease(l Lease) error {
 	if err := ValidateKey(l.Key); err != nil {
 		return err
 	}
 	if l.Token <= 0 {
 		return fmt.Errorf("%w: %d is not a granted token", ErrInvalidToken, l.Token)
+	}
+	if l.Owner != "" {
+		return ValidateOwner(l.Owner)
 	}
 	return nil
 }

@@ -89,6 +89,22 @@ func TestPoolExhausted(t *testing.T) {
 		t.Fatal("the guard outlived a starved pool by far")
 	}
 	lostAt := time.Now()
+	// An operation that ends while waiting for a connection sent nothing:
+	// its outcome is known (not applied), not indeterminate.
+	for name, op := range map[string]func(context.Context) error{
+		"acquire": func(ctx context.Context) error {
+			_, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "other", TTL: time.Minute, Owner: "o"})
+			return err
+		},
+		"release": func(ctx context.Context) error { return b.Release(ctx, g.Lease()) },
+	} {
+		short, cancel := context.WithTimeout(testCtx(t), 100*time.Millisecond)
+		err := op(short)
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded, name)
+		require.NotErrorIs(t, err, sqllock.ErrIndeterminate, "%s: %v", name, err)
+		require.ErrorContains(t, err, "not sent", name)
+	}
 	var lost *sqllock.LostError
 	require.True(t, errors.As(context.Cause(g.Context()), &lost), "%v", context.Cause(g.Context()))
 	require.Equal(t, sqllock.LostUnreachable, lost.Reason)

@@ -47,7 +47,9 @@ func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...
 	return b.retryConflicts(ctx, func() error {
 		c, err := b.pooled.Acquire(ctx)
 		if err != nil {
-			return err
+			// Nothing was sent: waiting for a connection (or dialing one)
+			// failed, so the outcome is known, not indeterminate.
+			return notSentError{err}
 		}
 		defer c.Release()
 		err = c.QueryRow(ctx, sql, args...).Scan(dest...)
@@ -111,3 +113,12 @@ func (b *Backend) pooledConn(ctx context.Context) (*pgxpool.Conn, error) {
 	}
 	return b.pooled.Acquire(ctx)
 }
+
+// notSentError marks an error that happened before the statement was sent
+// (taking a connection from the pool): pgconn.SafeToRetry reports it, so
+// translate says "not sent" rather than "indeterminate".
+type notSentError struct{ err error }
+
+func (e notSentError) Error() string     { return e.err.Error() }
+func (e notSentError) Unwrap() error     { return e.err }
+func (e notSentError) SafeToRetry() bool { return true }

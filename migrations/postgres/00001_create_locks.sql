@@ -39,4 +39,4 @@ CREATE TRIGGER sqllock_keep_rows BEFORE DELETE OR TRUNCATE ON {{.Table}}
 -- higher token will reject new holders, and one that does not can be written by
 -- a stale holder. Only for uninstalling ashlock. The schema is left in place.
 DROP TABLE {{.Table}};
-DROP FUNCTION {{.Keep}}();
+DROP FUNCTION IF EXISTS {{.Keep}}();

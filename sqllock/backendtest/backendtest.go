@@ -538,10 +538,13 @@ func BadInputs() []BadInput {
 			return err
 		}
 	}
-	rel := func(key string, token int64) func(context.Context, sqllock.Backend) error {
+	relBy := func(key string, token int64, owner string) func(context.Context, sqllock.Backend) error {
 		return func(ctx context.Context, b sqllock.Backend) error {
-			return b.Release(ctx, sqllock.Lease{Key: key, Token: token, Owner: "o"})
+			return b.Release(ctx, sqllock.Lease{Key: key, Token: token, Owner: owner})
 		}
+	}
+	rel := func(key string, token int64) func(context.Context, sqllock.Backend) error {
+		return relBy(key, token, "o")
 	}
 	list := func(prefix string) func(context.Context, sqllock.Backend) error {
 		return func(ctx context.Context, b sqllock.Backend) error {
@@ -578,6 +581,10 @@ func BadInputs() []BadInput {
 		{"ReleaseKeyInvalidUTF8", rel("\xc0\x80", 1), sqllock.ErrInvalidKey},
 		{"ReleaseTokenZero", rel("k", 0), sqllock.ErrInvalidToken},
 		{"ReleaseTokenMinInt", rel("k", math.MinInt64), sqllock.ErrInvalidToken},
+		// Release records its owner as who released: it must be valid too.
+		{"ReleaseOwnerNUL", relBy("k", 1, "o\x00"), sqllock.ErrInvalidOwner},
+		{"ReleaseOwnerInvalidUTF8", relBy("k", 1, "\xfe"), sqllock.ErrInvalidOwner},
+		{"ReleaseOwnerTooLong", relBy("k", 1, strings.Repeat("o", sqllock.MaxOwnerLen+1)), sqllock.ErrInvalidOwner},
 		{"ListPrefixNUL", list("a\x00"), sqllock.ErrInvalidKey},
 		{"ListPrefixInvalidUTF8", list("\xff"), sqllock.ErrInvalidKey},
 		{"ListPrefixTooLong", list(long), sqllock.ErrInvalidKey},
