@@ -38,6 +38,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/ashlock/ashlock/internal/sqlident"
+	"github.com/ashlock/ashlock/internal/sqlitecode"
 )
 
 //go:embed postgres/*.sql sqlite/*.sql
@@ -320,33 +321,13 @@ func upSQLite(ctx context.Context, db *sql.DB, o Options) error {
 	}
 }
 
-// SQLite primary result codes (modernc.org/sqlite/lib), spelled out here so
-// that this package, also used for PostgreSQL only, does not link SQLite.
-const (
-	sqliteError  = 1 // SQLITE_ERROR
-	sqliteBusy   = 5 // SQLITE_BUSY
-	sqliteLocked = 6 // SQLITE_LOCKED
-)
-
-// sqliteCode returns the primary SQLite result code carried by err, and
-// whether err carries one: *modernc.org/sqlite.Error has a Code method.
-// modernc turns on extended result codes, so the code may carry an extension
-// in its high bits (SQLITE_BUSY_SNAPSHOT = 517 = 5 | 2<<8), masked off here.
-func sqliteCode(err error) (int, bool) {
-	var c interface{ Code() int }
-	if errors.As(err, &c) {
-		return c.Code() & 0xff, true
-	}
-	return 0, false
-}
-
 // isSQLiteBusy reports whether err is SQLITE_BUSY or SQLITE_LOCKED: another
 // connection holds a lock, and the failed statement changed nothing. For a
 // driver whose errors carry no code, it falls back to SQLite's messages for
 // these two codes.
 func isSQLiteBusy(err error) bool {
-	if c, ok := sqliteCode(err); ok {
-		return c == sqliteBusy || c == sqliteLocked
+	if _, ok := sqlitecode.Primary(err); ok {
+		return sqlitecode.IsBusy(err)
 	}
 	msg := err.Error()
 	return strings.Contains(msg, "database is locked") || strings.Contains(msg, "database table is locked")
@@ -356,7 +337,7 @@ func isSQLiteBusy(err error) bool {
 // (or index, trigger, view). SQLite reports it as a plain SQLITE_ERROR, so
 // only the message tells it apart.
 func isSQLiteExists(err error) bool {
-	if c, ok := sqliteCode(err); ok && c != sqliteError {
+	if c, ok := sqlitecode.Primary(err); ok && c != sqlitecode.Error {
 		return false
 	}
 	return strings.Contains(err.Error(), "already exists")

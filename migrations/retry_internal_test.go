@@ -10,6 +10,8 @@ import (
 
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/internal/sqlitecode"
 	"go.uber.org/multierr"
 	msqlite "modernc.org/sqlite"
 )
@@ -51,9 +53,9 @@ func TestSQLiteErrorClassification(t *testing.T) {
 	require.Error(t, busy)
 	require.NoError(t, tx.Rollback())
 
-	c, ok := sqliteCode(busy)
+	c, ok := sqlitecode.Primary(busy)
 	require.True(t, ok, "modernc's error carries a code: %v", busy)
-	require.Equal(t, sqliteBusy, c)
+	require.Equal(t, sqlitecode.Busy, c)
 
 	for name, tc := range map[string]struct {
 		err          error

@@ -11,6 +11,7 @@ import (
 	msqlite "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
+	"github.com/ashlock/ashlock/internal/sqlitecode"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -111,32 +112,20 @@ func (b *Backend) retry(ctx context.Context, budget time.Duration, op func(conte
 	}
 }
 
-// coder is implemented by *modernc.org/sqlite.Error (and by fakes in tests).
-type coder interface{ Code() int }
+// sqlitecode reads codes through this method of *modernc.org/sqlite.Error.
+var _ interface{ Code() int } = (*msqlite.Error)(nil)
 
-var _ coder = (*msqlite.Error)(nil)
-
-// code returns the primary SQLite result code of err, or 0. modernc turns
-// on extended result codes, so Code() may carry an extension in the high
-// bits (SQLITE_BUSY_SNAPSHOT = 517 = 5 | 2<<8).
+// code returns the primary SQLite result code of err (extended codes
+// masked), or 0.
 func code(err error) int {
-	var c coder
-	if errors.As(err, &c) {
-		return c.Code() & 0xff
-	}
-	return 0
+	c, _ := sqlitecode.Primary(err)
+	return c
 }
 
 // isBusy reports whether err means "the database is locked by another
 // connection; nothing was applied": SQLITE_BUSY (including BUSY_SNAPSHOT,
 // BUSY_RECOVERY, BUSY_TIMEOUT) or SQLITE_LOCKED.
-func isBusy(err error) bool {
-	switch code(err) {
-	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
-		return true
-	}
-	return false
-}
+func isBusy(err error) bool { return sqlitecode.IsBusy(err) }
 
 // translate maps a driver error to ashlock's errors, once, at the backend
 // boundary. write says whether the failed operation writes.

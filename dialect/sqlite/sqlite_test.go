@@ -19,6 +19,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/ashlock/ashlock/internal/leakcheck"
+	"github.com/ashlock/ashlock/internal/sqlitecode"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 	"github.com/ashlock/ashlock/sqllock/backendtest"
@@ -546,4 +547,13 @@ func TestTranslate(t *testing.T) {
 func FuzzSQLite(f *testing.F) {
 	b, _ := openTest(f, Options{})
 	backendtest.Fuzz(f, b)
+}
+
+// internal/sqlitecode spells out the codes it shares with the migrations
+// package (which must not link SQLite); they must be SQLite's.
+func TestSharedResultCodes(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, sqlite3.SQLITE_ERROR, sqlitecode.Error)
+	require.Equal(t, sqlite3.SQLITE_BUSY, sqlitecode.Busy)
+	require.Equal(t, sqlite3.SQLITE_LOCKED, sqlitecode.Locked)
 }
