@@ -32,13 +32,7 @@ RETURNING token, deadline`
 
 // benchPool is a pool on bundle's schema big enough for 16 goroutines.
 func benchPool(b *testing.B, bundle *testBundle) *pgxpool.Pool {
-	cfg, err := pgxpool.ParseConfig(bundle.db.URL)
-	require.NoError(b, err)
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(testCtx(b), cfg)
-	require.NoError(b, err)
-	b.Cleanup(pool.Close)
-	return pool
+	return newPool(b, bundle, func(cfg *pgxpool.Config) { cfg.MaxConns = 16 })
 }
 
 // contender is one way of doing an operation; run does it once on a key.

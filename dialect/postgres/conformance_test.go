@@ -28,12 +28,7 @@ func TestConformancePgBouncerSettings(t *testing.T) {
 			t.Parallel()
 			backendtest.Run(t, harness(func(t *testing.T) sqllock.Backend {
 				bundle := newBundle(t, Options{})
-				cfg, err := pgxpool.ParseConfig(bundle.db.URL)
-				require.NoError(t, err)
-				cfg.ConnConfig.DefaultQueryExecMode = mode
-				pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
-				require.NoError(t, err)
-				t.Cleanup(pool.Close)
+				pool := newPool(t, bundle, func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = mode })
 				b, err := New(pool, Options{DisableNotify: true})
 				require.NoError(t, err)
 				t.Cleanup(func() { b.Close() })

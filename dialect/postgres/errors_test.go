@@ -17,15 +17,11 @@ import (
 // poolWith returns a pool on bundle's schema whose sessions have params set.
 func poolWith(t *testing.T, bundle *testBundle, params map[string]string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(bundle.db.URL)
-	require.NoError(t, err)
-	for k, v := range params {
-		cfg.ConnConfig.RuntimeParams[k] = v
-	}
-	pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return newPool(t, bundle, func(cfg *pgxpool.Config) {
+		for k, v := range params {
+			cfg.ConnConfig.RuntimeParams[k] = v
+		}
+	})
 }
 
 // requireSentinel checks that err matches a sqllock sentinel and says what

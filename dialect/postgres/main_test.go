@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
@@ -50,6 +51,22 @@ func newBundle(t testing.TB, opts Options) *testBundle {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
 	return &testBundle{db: db, backend: b}
+}
+
+// newPool opens a pool on bundle's schema, its configuration parsed from
+// the bundle's URL and then changed by configure (if not nil), closed in
+// t.Cleanup.
+func newPool(t testing.TB, bundle *testBundle, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(bundle.db.URL)
+	require.NoError(t, err)
+	if configure != nil {
+		configure(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 func testCtx(t testing.TB) context.Context {

@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -91,9 +90,7 @@ func releaseDuring(t *testing.T, bundle *testBundle, l sqllock.Lease, change str
 
 func requireLost(t *testing.T, err error, want sqllock.LostReason) *sqllock.LostError {
 	t.Helper()
-	require.ErrorIs(t, err, sqllock.ErrLeaseLost)
-	le, ok := errors.AsType[*sqllock.LostError](err)
-	require.True(t, ok, "%v", err)
+	le := lostAs(t, err)
 	require.Equal(t, want, le.Reason, "%v", err)
 	return le
 }

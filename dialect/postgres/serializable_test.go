@@ -21,16 +21,12 @@ import (
 // schema whose sessions have params set.
 func poolSized(t *testing.T, bundle *testBundle, maxConns int32, params map[string]string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(bundle.db.URL)
-	require.NoError(t, err)
-	for k, v := range params {
-		cfg.ConnConfig.RuntimeParams[k] = v
-	}
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return newPool(t, bundle, func(cfg *pgxpool.Config) {
+		for k, v := range params {
+			cfg.ConnConfig.RuntimeParams[k] = v
+		}
+		cfg.MaxConns = maxConns
+	})
 }
 
 // TestSerializableSessions: an application whose sessions default to

@@ -61,12 +61,7 @@ SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = ANY(
 func TestPoolExhausted(t *testing.T) {
 	t.Parallel()
 	bundle := newBundle(t, Options{})
-	cfg, err := pgxpool.ParseConfig(bundle.db.URL)
-	require.NoError(t, err)
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := poolSized(t, bundle, 2, nil)
 	b, err := New(pool, Options{})
 	require.NoError(t, err)
 	defer b.Close()
