@@ -247,7 +247,7 @@ func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lea
 	sctx := ctx
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
-		sctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), c.opts.ReleaseTimeout)
+		sctx, cancel = c.releaseContext(ctx)
 		defer cancel()
 	}
 	for attempt := 1; attempt <= 5 && sctx.Err() == nil; attempt++ {
@@ -259,7 +259,7 @@ func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lea
 			return Lease{}, sent, errors.Join(context.Cause(ctx), fmt.Errorf("sqllock: acquire of %q settled and released after its context ended", req.Key))
 		case err2 == nil:
 			return l, sent, nil
-		case errors.Is(err2, ErrIndeterminate), errors.Is(err2, ErrUnavailable):
+		case errors.Is(err2, ErrIndeterminate), errors.Is(err2, ErrUnavailable), anonymousHolder(err2):
 			err = errors.Join(ErrIndeterminate, err2)
 		default:
 			return Lease{}, sent, err2 // settled: not ours (or a permanent error)
@@ -272,6 +272,15 @@ func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lea
 		t.Stop()
 	}
 	return Lease{}, sent, err
+}
+
+// anonymousHolder reports whether err is a refusal that names no holder
+// (a backend that lost a race for the row and could not see who won). It
+// does not settle an indeterminate acquire: the holder it could not name may
+// be the lost attempt itself.
+func anonymousHolder(err error) bool {
+	var he *HeldError
+	return errors.As(err, &he) && he.Owner == ""
 }
 
 func (c *Client) releaseQuietly(ctx context.Context, l Lease) {
@@ -303,9 +312,10 @@ func (c *Client) Do(ctx context.Context, key string, opts *AcquireOptions, fn fu
 	return fn(g.Context(), g)
 }
 
-// Close releases every Guard still held (bounded by ctx and
-// Options.ReleaseTimeout) and makes later calls fail with [ErrClosed]. It
-// does not close the backend. Calling it again returns nil.
+// Close releases every Guard still held and makes later calls fail with
+// [ErrClosed]. The releases run in parallel under one bound: ctx and
+// Options.ReleaseTimeout, or ReleaseTimeout alone if ctx has already ended.
+// It does not close the backend. Calling it again returns nil.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.closed {
@@ -319,13 +329,29 @@ func (c *Client) Close(ctx context.Context) error {
 		guards = append(guards, g)
 	}
 	c.mu.Unlock()
-	var errs []error
-	for _, g := range guards {
-		if err := g.Release(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
-			errs = append(errs, err)
-		}
+	ctx, cancel := c.releaseContext(ctx)
+	defer cancel()
+	errs := make([]error, len(guards))
+	var wg sync.WaitGroup
+	for i, g := range guards {
+		wg.Go(func() {
+			if err := g.release(ctx); !errors.Is(err, ErrLeaseLost) {
+				errs[i] = err
+			}
+		})
 	}
+	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// releaseContext bounds a release made for the caller: by ctx and
+// ReleaseTimeout, or, when ctx has already ended (a request that timed out,
+// PITFALLS 16), by ReleaseTimeout alone, so that the release is still sent.
+func (c *Client) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Err() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithTimeout(ctx, c.opts.ReleaseTimeout)
 }
 
 func (c *Client) forget(g *Guard) {

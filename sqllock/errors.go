@@ -73,7 +73,7 @@ var (
 // (a concurrent first insert of the key).
 type HeldError struct {
 	Key       string
-	Owner     string        // the holder's owner string
+	Owner     string        // the holder's owner string; empty when the backend could not see the holder (a lost race for a new row)
 	Token     int64         // the holder's token (0 when unknown)
 	Remaining time.Duration // the holder's remaining lease by the backend clock
 }

@@ -3,6 +3,7 @@ package sqllock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -282,18 +283,33 @@ func (g *Guard) parentEnded() {
 	if !first {
 		return
 	}
-	g.finishErr = g.releaseBackend(context.Background())
+	ctx, cancel := g.c.releaseContext(context.Background())
+	defer cancel()
+	g.finishErr = g.releaseBackend(ctx)
 	close(g.finished)
 }
 
-// Release ends the lease and stops the watchdog, waiting for it to return.
-// It is safe to call more than once, and from several goroutines; every call
-// returns the first call's result. If the lease had been lost before, it
-// returns the [*LostError], so the caller learns that its critical section
-// may have overlapped another holder's; if the backend found the lease no
-// longer valid, it returns that [ErrLeaseLost]. If ctx is already done, the
-// release still runs, bounded by Options.ReleaseTimeout.
+// Release ends the lease and stops the watchdog. It is safe to call more
+// than once, and from several goroutines; every call returns the first
+// call's result. If the lease had been lost before, it returns the
+// [*LostError], so the caller learns that its critical section may have
+// overlapped another holder's; if the backend found the lease no longer
+// valid, it returns that [ErrLeaseLost].
+//
+// Release is bounded by ctx and by Options.ReleaseTimeout; if ctx has
+// already ended, the release still runs, bounded by ReleaseTimeout alone.
+// It does not wait for a renewal in flight before it releases (a renewal
+// applied after the release finds nothing to renew), and it waits for the
+// watchdog to return only while that bound lasts: a renewal stuck in a
+// backend that ignores cancellation ends on its own, later.
 func (g *Guard) Release(ctx context.Context) error {
+	ctx, cancel := g.c.releaseContext(ctx)
+	defer cancel()
+	return g.release(ctx)
+}
+
+// release is Release with its bound already set: ctx is used as it is.
+func (g *Guard) release(ctx context.Context) error {
 	g.mu.Lock()
 	first := !g.finishing
 	g.finishing = true
@@ -301,21 +317,31 @@ func (g *Guard) Release(ctx context.Context) error {
 	g.mu.Unlock()
 	// The Guard stops counting as held before anything is sent: once the
 	// backend applies the release another client may take the key, and the
-	// release may take longer than the local deadline.
+	// release may take longer than the local deadline. From here on no
+	// renewal result is applied (renew checks finishing), so the lease
+	// read by releaseBackend no longer changes.
 	g.cancel(ErrReleased)
 	g.wdCancel()
-	<-g.done
 	if first {
 		g.finishErr = g.releaseBackend(ctx)
 		close(g.finished)
+	} else {
+		select {
+		case <-g.finished:
+		case <-ctx.Done():
+			return fmt.Errorf("sqllock: release of %q (token %d) still in progress: %w", g.key, g.token, ctx.Err())
+		}
 	}
-	<-g.finished
+	select {
+	case <-g.done:
+	case <-ctx.Done():
+	}
 	return g.finishErr
 }
 
 // releaseBackend releases the lease at the backend (unless a newer token or
-// a release already ended it) and forgets the Guard. It runs once, after
-// the Guard's context has ended.
+// a release already ended it), within ctx, and forgets the Guard. It runs
+// once, after the Guard's context has ended.
 func (g *Guard) releaseBackend(ctx context.Context) error {
 	defer g.c.forget(g)
 	g.mu.Lock()
@@ -324,11 +350,6 @@ func (g *Guard) releaseBackend(ctx context.Context) error {
 	if lost != nil && (lost.Reason == LostTaken || lost.Reason == LostReleased) {
 		return lost
 	}
-	if ctx.Err() != nil {
-		ctx = context.WithoutCancel(ctx)
-	}
-	ctx, cancel := context.WithTimeout(ctx, g.c.opts.ReleaseTimeout)
-	defer cancel()
 	var err error
 	for attempt := 1; ; attempt++ {
 		err = g.c.b.Release(ctx, lease)
