@@ -77,7 +77,7 @@ func benchPairs(b *testing.B, s Synchronous, goroutines int) {
 		if o != me {
 			return nil
 		}
-		return drainOne(rel.QueryContext(ctx, key, token))(&deadline, &now)
+		return drainOne(rel.QueryContext(ctx, key, token, me))(&deadline, &now)
 	}
 
 	const chunk = 16 // small: FULL pairs take ~1 ms and fsync latency drifts

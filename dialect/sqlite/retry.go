@@ -2,10 +2,12 @@ package sqlite
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	msqlite "modernc.org/sqlite"
@@ -78,16 +80,14 @@ func (b *Backend) read(ctx context.Context, op func(context.Context) error) erro
 const maxRowChanges = 10
 
 // retry runs op until it returns something other than a busy error, for
-// at most budget, sleeping with full jitter in between. op runs under
-// a context that is never cancelled, so a statement is never interrupted
-// half way and its outcome is always known (see the package doc); ctx is
-// checked between attempts.
+// at most budget, sleeping with full jitter in between. op gets ctx: its
+// statements shield themselves from it once they run (see shield); ctx is
+// also checked between attempts.
 func (b *Backend) retry(ctx context.Context, budget time.Duration, op func(context.Context) error) error {
-	opCtx := context.WithoutCancel(ctx)
 	start := time.Now()
 	changes := 0
 	for attempt := 1; ; attempt++ {
-		err := op(opCtx)
+		err := op(ctx)
 		if errors.Is(err, errRetry) && changes < maxRowChanges {
 			changes++
 			continue
@@ -155,4 +155,45 @@ func (b *Backend) translate(err error, write bool) error {
 		return fmt.Errorf("%w: %v", sqllock.ErrUnavailable, err)
 	}
 	return fmt.Errorf("sqlite: %w", err)
+}
+
+// shield returns the context and arguments to run one statement with, so
+// that ctx bounds the wait for a connection (an application's busy pool)
+// but never interrupts the statement once it runs: an interrupted write's
+// outcome would be unknown, and a statement lasts at most the busy timeout
+// plus one commit. database/sql converts the arguments with the connection
+// in hand, right before it hands the statement to the driver; the first
+// argument's conversion closes the gate. If ctx ended before that, the
+// statement is not sent and the caller gets ctx's error. Call release when
+// the statement's rows are closed.
+func shield(ctx context.Context, args []any) (sctx context.Context, gated []any, release func()) {
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	g := &gate{ctx: ctx, stop: stop}
+	gated = append([]any{gatedArg{v: args[0], g: g}}, args[1:]...)
+	return sctx, gated, func() { stop(); cancel() }
+}
+
+// gate is shut by the first conversion of its statement's arguments.
+type gate struct {
+	ctx  context.Context
+	stop func() bool
+	once sync.Once
+	shut bool // the caller's context can no longer cancel the statement
+}
+
+// gatedArg is a statement argument whose conversion shuts its gate.
+type gatedArg struct {
+	v any
+	g *gate
+}
+
+// Value implements [driver.Valuer]. database/sql may convert the arguments
+// more than once (a retry on a bad connection): the first call decides.
+func (a gatedArg) Value() (driver.Value, error) {
+	a.g.once.Do(func() { a.g.shut = a.g.stop() })
+	if !a.g.shut {
+		return nil, fmt.Errorf("sqlite: not sent: %w", context.Cause(a.g.ctx))
+	}
+	return driver.DefaultParameterConverter.ConvertValue(a.v)
 }

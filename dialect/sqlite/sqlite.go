@@ -39,10 +39,10 @@
 //
 // # Outcomes are never indeterminate, except after an I/O error
 //
-// A statement in flight is never interrupted: the caller's context is
-// checked before each attempt and during the sleeps between attempts, while
-// the statement itself runs under [context.WithoutCancel] (it lasts at most
-// the busy timeout plus one commit). The backend reads the statement to its
+// A statement in flight is never interrupted: the caller's context bounds
+// each attempt's wait for a connection (an application's pool may be busy)
+// and the sleeps between attempts, but not the statement itself once it has
+// its connection (it lasts at most the busy timeout plus one commit). The backend reads the statement to its
 // end, so its autocommit transaction has committed when the reply is read.
 // Hence an error means the statement did not apply (SQLite rolled it back),
 // and a cancelled context yields "not applied" rather than
@@ -561,7 +561,9 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		if err != nil {
 			return err
 		}
-		rows, err := stmt.QueryContext(ctx, args...)
+		sctx, args, release := shield(ctx, args)
+		defer release()
+		rows, err := stmt.QueryContext(sctx, args...)
 		if err != nil {
 			return err
 		}
@@ -600,7 +602,9 @@ func (b *Backend) queryRow(ctx context.Context, query string, args []any, dest .
 	if err != nil {
 		return false, err
 	}
-	rows, err := stmt.QueryContext(ctx, args...)
+	sctx, args, release := shield(ctx, args)
+	defer release()
+	rows, err := stmt.QueryContext(sctx, args...)
 	if err != nil {
 		return false, err
 	}
