@@ -17,6 +17,18 @@
 // mode), and [Backend.FencedTx] runs a transaction in the same database that
 // commits only while a lease is held.
 //
+// # Durability
+//
+// Grants and renewals commit with synchronous_commit at least on, whatever
+// the session, role or database says: where it is off or local, the
+// statement raises it to on for its own transaction (and so waits for
+// synchronous standbys where the server has them); remote_write, on and
+// remote_apply are kept. An acknowledged grant therefore survives a server
+// crash, and the next grant's token is greater (G2). This needs the server
+// to flush for real: with fsync=off a crash can lose acknowledged grants
+// and hand a token out twice, and nothing a client does can prevent it.
+// Releases commit asynchronously unless [Options.DurableRelease].
+//
 // # Isolation levels and failover
 //
 // Where sessions default to REPEATABLE READ or SERIALIZABLE
@@ -77,8 +89,8 @@ type Options struct {
 	// transaction mode (or any pooler that does not keep a session).
 	DisableNotify bool
 
-	// DurableRelease makes Release commit synchronously, like every other
-	// statement. By default a release commits asynchronously: it needs no
+	// DurableRelease makes Release commit synchronously, like grants and
+	// renewals (at least synchronous_commit=on, whatever the session says). By default a release commits asynchronously: it needs no
 	// durability (lost in a server crash, the lease just ends at its
 	// deadline, as a crashed holder's would; grants and renewals stay
 	// durable, and any later grant of the key flushes the release first), and
@@ -173,7 +185,7 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	}
 	releaseCommit := "set_config('synchronous_commit', 'off', true)"
 	if opts.DurableRelease {
-		releaseCommit = "NULL::text"
+		releaseCommit = durableSQL
 	}
 	notify, notified := "", "0::bigint"
 	if b.notify {
@@ -183,6 +195,7 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 		q = strings.ReplaceAll(q, "{{notify_cte}}", notify)
 		q = strings.ReplaceAll(q, "{{notified}}", notified)
 		q = strings.ReplaceAll(q, "{{release_commit}}", releaseCommit)
+		q = strings.ReplaceAll(q, "{{durable}}", durableSQL)
 		q = strings.ReplaceAll(q, "{{table}}", quoted)
 		// A quoted, validated name holds no single quote: as a string
 		// literal (for ::regclass) it needs no escaping.

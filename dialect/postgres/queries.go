@@ -12,6 +12,18 @@ package postgres
 // with "$n::bigint * interval '1 microsecond'", exact for every TTL up to
 // sqllock.MaxTTL.
 //
+// Grants and renewals are durable whatever the session says: {{durable}}
+// (durableSQL), evaluated in the materialized "now" CTE of acquireSQL and
+// renewSQL, raises synchronous_commit to on for the statement's own
+// transaction when the session, role or database has it at off or local.
+// An acknowledged grant that a server crash could take back would let the
+// next grant repeat its token (G2); a renewal that a crash took back would
+// move the database deadline back under the guard's local deadline (G3).
+// With synchronous standbys configured, on waits for them too, so a failover
+// cannot lose an acknowledged grant either. remote_write, on and
+// remote_apply are kept as the user set them. A refused acquire assigns no
+// transaction id and so commits nothing: the setting costs it nothing.
+//
 // If a statement waits on a row lock (a concurrent writer, or a fenced
 // transaction holding the row FOR SHARE), its "now" is from before the wait:
 // an expiry decision made with it is conservative, and a deadline computed
@@ -23,10 +35,19 @@ package postgres
 // WAL and assigns no transaction id (BENCH.md): the grant is a plain
 // conditional UPDATE, which does nothing when its WHERE does not match, and
 // the INSERT runs only when the key has no row at all in the statement's
-// snapshot (ON CONFLICT DO NOTHING settles a race between two first inserts:
-// the loser reports "held" without details). An INSERT ... ON CONFLICT DO
-// UPDATE ... WHERE would lock the row and flush WAL even when it grants
-// nothing.
+// snapshot. An INSERT ... ON CONFLICT DO UPDATE ... WHERE on every attempt
+// would lock the row and flush WAL even when it grants nothing; here its
+// conflict arm runs only in a race between first inserts of a key, which
+// waits for the other insert to end and then sees the committed row:
+//   - the other insert was this same request (an attempt whose reply was
+//     lost while its commit was slow): the conflict arm matches the same
+//     owner's unexpired lease and extends it, so the repeat gets the grant
+//     back with its token, exactly as the UPDATE's same-owner arm does once
+//     the row is in the snapshot;
+//   - another owner won: nothing is granted, and the loser reports "held"
+//     without details (the row it lost to was not in its snapshot).
+//
+// In the conflict arm "now" is excluded.deadline minus the TTL.
 //
 // The UPDATE matches in two cases:
 //   - a new tenure: the lease is released or expired (deadline <= now), and
@@ -43,7 +64,8 @@ package postgres
 // before the UPDATE.
 const acquireSQL = `
 WITH now AS MATERIALIZED (
-    SELECT clock_timestamp() AS now
+    SELECT clock_timestamp() AS now,
+           {{durable}} AS durable
 ), cur AS MATERIALIZED (
     SELECT token, held, deadline, owner FROM {{table}} WHERE key = $1
 ), upd AS (
@@ -63,7 +85,10 @@ WITH now AS MATERIALIZED (
     SELECT $1, 1, true, n.now + $2::bigint * interval '1 microsecond', $3
     FROM now AS n
     WHERE NOT EXISTS (SELECT FROM cur)
-    ON CONFLICT (key) DO NOTHING
+    ON CONFLICT (key) DO UPDATE
+    SET deadline = excluded.deadline
+    WHERE l.held AND l.owner = excluded.owner
+      AND l.deadline > excluded.deadline - $2::bigint * interval '1 microsecond'
     RETURNING l.token, l.deadline
 )
 SELECT (u.token IS NOT NULL OR i.token IS NOT NULL) AS granted,
@@ -83,7 +108,8 @@ LEFT JOIN cur AS c ON true`
 // as the snapshot saw them, and the database time used.
 const renewSQL = `
 WITH now AS MATERIALIZED (
-    SELECT clock_timestamp() AS now
+    SELECT clock_timestamp() AS now,
+           {{durable}} AS durable
 ), cur AS MATERIALIZED (
     SELECT token, held, deadline FROM {{table}} WHERE key = $1
 ), upd AS (
@@ -154,6 +180,10 @@ SELECT u.valid IS NOT NULL AS released,
 FROM now AS n
 LEFT JOIN upd AS u ON true
 LEFT JOIN cur AS c ON true`
+
+// durableSQL fills {{durable}}: see the top of this file.
+const durableSQL = `CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')
+                THEN set_config('synchronous_commit', 'on', true) END`
 
 // notifyCTE and notifiedSQL fill {{notify_cte}} and {{notified}} of
 // releaseSQL when notifications are on.
