@@ -51,7 +51,7 @@ AS $$ SELECT pg_catalog.clock_timestamp() + interval '`+offset+`' $$`)
 			l := g.Lease()
 			// The skew is in effect (the server runs on this host).
 			require.WithinDuration(t, after.Add(want), l.BackendTime, 5*time.Second)
-			require.Equal(t, ttl, l.Deadline.Sub(l.BackendTime))
+			require.Equal(t, ttl+time.Microsecond, l.Deadline.Sub(l.BackendTime))
 			// The local deadline is host time only.
 			require.False(t, g.LocalDeadline().Before(before.Add(ttl-margin)), "local deadline %v before send+TTL−margin", g.LocalDeadline())
 			require.False(t, g.LocalDeadline().After(after.Add(ttl-margin)), "local deadline %v after send+TTL−margin", g.LocalDeadline())

@@ -226,11 +226,18 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-// micros is ttl in whole microseconds, rounded up: the database never ends a
-// lease before the caller's local deadline.
+// micros is ttl in whole microseconds, rounded up.
 func micros(ttl time.Duration) int64 {
 	return int64((ttl + time.Microsecond - 1) / time.Microsecond)
 }
+
+// leaseMicros is what a statement adds to its "now" for a lease of ttl:
+// ttl in whole microseconds, rounded up, and one more. clock_timestamp()
+// reads whole microseconds, truncated, so the statement's now may be up to
+// 1µs before the instant it was read; with the extra microsecond a deadline
+// is always later than (that instant + ttl), and so later than the holder's
+// send time + ttl, whatever margin the client uses.
+func leaseMicros(ttl time.Duration) int64 { return micros(ttl) + 1 }
 
 // TryAcquire implements [sqllock.Backend.TryAcquire] in one statement (see
 // acquireSQL). A refusal reports the holder, its token and remaining time by
@@ -257,7 +264,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		owner         string
 	)
 	sent := time.Now()
-	err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, micros(req.TTL), req.Owner},
+	err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, leaseMicros(req.TTL), req.Owner},
 		&granted, &token, &deadline, &held, &owner, &now)
 	if err != nil {
 		return sqllock.Lease{}, b.translate(ctx, opAcquire, req.Key, err)
@@ -304,7 +311,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		deadline, now time.Time
 	)
 	sent := time.Now()
-	err := b.queryRow(ctx, b.renewSQL, []any{l.Key, l.Token, micros(ttl)},
+	err := b.queryRow(ctx, b.renewSQL, []any{l.Key, l.Token, leaseMicros(ttl)},
 		&renewed, &deadline, &current, &held, &now)
 	if err != nil {
 		return sqllock.Lease{}, b.translate(ctx, opRenew, l.Key, err)

@@ -88,22 +88,22 @@ func TestOptionsSchemaAndTable(t *testing.T) {
 }
 
 // TestDeadlinesAreDatabaseTime checks that the deadline is the database's
-// now + TTL rounded up to microseconds, and that the same-owner retry
+// now + TTL rounded up to microseconds + 1µs (see leaseMicros), and that the same-owner retry
 // extends it without a new token.
 func TestDeadlinesAreDatabaseTime(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t, Options{}).backend
 	// Long enough that the lease is surely still valid at the retry below.
-	ttl := time.Hour + 1 // rounds up to 3600000001µs
+	ttl := time.Hour + 1 // rounds up to 3600000001µs, +1µs
 	l := acquireOK(t, b, "k", "o1", ttl)
-	require.Equal(t, 3600000001*time.Microsecond, l.Deadline.Sub(l.BackendTime))
+	require.Equal(t, 3600000002*time.Microsecond, l.Deadline.Sub(l.BackendTime))
 	var dbDeadline time.Time
 	require.NoError(t, b.pool.QueryRow(testCtx(t), "SELECT deadline FROM "+b.table+" WHERE key = 'k'").Scan(&dbDeadline))
 	require.True(t, dbDeadline.Equal(l.Deadline), "%v != %v", dbDeadline, l.Deadline)
 
 	again := acquireOK(t, b, "k", "o1", time.Minute)
 	require.Equal(t, l.Token, again.Token)
-	require.Equal(t, time.Minute, again.Deadline.Sub(again.BackendTime))
+	require.Equal(t, time.Minute+time.Microsecond, again.Deadline.Sub(again.BackendTime))
 }
 
 // countingTracer counts the statements a pool sends and the statements it

@@ -383,10 +383,27 @@ type Stats struct {
 // Stats returns the backend's counters.
 func (b *Backend) Stats() Stats { return Stats{BusyRetries: b.busyRetries.Load()} }
 
-// ttlMillis rounds ttl up to whole milliseconds, so that a lease never ends
-// at the database before the holder's local deadline.
+// ttlMillis rounds ttl up to whole milliseconds.
 func ttlMillis(ttl time.Duration) int64 {
 	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
+}
+
+// leaseMillis is what a statement adds to its now for a lease of ttl: ttl
+// in whole milliseconds, rounded up, and one more. SQLite's clock reads
+// whole milliseconds, truncated, so a statement's now may be up to 1 ms
+// before the instant it was read; with the extra millisecond a deadline is
+// always later than (that instant + ttl), and so later than the holder's
+// send time + ttl, whatever margin the client uses. (Without it a second
+// client was granted the key before the first's local deadline in 7 of
+// 300 rounds at TTL 20 ms and a 200µs margin.)
+func leaseMillis(ttl time.Duration) int64 { return ttlMillis(ttl) + 1 }
+
+// remaining is how long a lease with deadline has left at least, by a
+// clock that read now: the instant now stands for may be up to 1 ms later
+// (see leaseMillis), so one millisecond less, and never below zero. It is
+// never more than the lease's TTL.
+func remaining(deadline, now int64) time.Duration {
+	return time.Duration(max(deadline-now-1, 0)) * time.Millisecond
 }
 
 // TryAcquire implements [sqllock.Backend] with one statement (queryAcquire).
@@ -402,7 +419,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	)
 	err := b.write(ctx, func(ctx context.Context) error {
 		sent = time.Now()
-		_, err := b.queryRow(ctx, b.q.acquire, []any{req.Key, ttlMillis(req.TTL), req.Owner},
+		_, err := b.queryRow(ctx, b.q.acquire, []any{req.Key, leaseMillis(req.TTL), req.Owner},
 			&token, &held, &deadline, &owner, &now)
 		return err
 	})
@@ -422,7 +439,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	case held && deadline > now:
 		return sqllock.Lease{}, &sqllock.HeldError{
 			Key: req.Key, Owner: owner, Token: token,
-			Remaining: time.Duration(deadline-now) * time.Millisecond,
+			Remaining: remaining(deadline, now),
 		}
 	case token == math.MaxInt64:
 		return sqllock.Lease{}, fmt.Errorf("%w: key %q", sqllock.ErrTokenExhausted, req.Key)
@@ -447,7 +464,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	)
 	err := b.write(ctx, func(ctx context.Context) (err error) {
 		sent = time.Now()
-		found, err = b.queryRow(ctx, b.q.renew, []any{l.Key, l.Token, ttlMillis(ttl)},
+		found, err = b.queryRow(ctx, b.q.renew, []any{l.Key, l.Token, leaseMillis(ttl)},
 			&token, &held, &deadline, &now)
 		return err
 	})
@@ -578,7 +595,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 			}
 			i.Deadline = time.UnixMilli(deadline)
 			if i.Held {
-				i.Remaining = time.Duration(deadline-now) * time.Millisecond
+				i.Remaining = remaining(deadline, now)
 			}
 			out = append(out, i)
 		}

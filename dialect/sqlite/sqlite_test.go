@@ -317,7 +317,8 @@ func TestRefusedOperationsWriteNothing(t *testing.T) {
 	require.NotEqual(t, v, version(), "a renew committed nothing")
 }
 
-// TestTTLRoundsUp: a TTL is stored rounded up to whole milliseconds.
+// TestTTLRoundsUp: a TTL is stored rounded up to whole milliseconds, plus
+// one (see leaseMillis).
 func TestTTLRoundsUp(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, int64(1), ttlMillis(time.Nanosecond))
@@ -328,7 +329,7 @@ func TestTTLRoundsUp(t *testing.T) {
 	for _, ttl := range []time.Duration{time.Millisecond, 1001 * time.Microsecond, 2*time.Second + 1} {
 		l, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k" + ttl.String(), TTL: ttl, Owner: "o"})
 		require.NoError(t, err)
-		require.Equal(t, ttlMillis(ttl), l.Deadline.Sub(l.BackendTime).Milliseconds())
+		require.Equal(t, ttlMillis(ttl)+1, l.Deadline.Sub(l.BackendTime).Milliseconds(), "rounded up, and one tick of the clock more")
 	}
 }
 
