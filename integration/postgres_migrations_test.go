@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/dialect/postgres"
@@ -115,12 +117,14 @@ func TestPostgresMigrationsUpDownUp(t *testing.T) {
 	}
 	require.Equal(t, int64(4), migAcquireOnce(ctx, t, be, "k"), "the token history survived")
 
-	require.NoError(t, migrations.Down(ctx, migrations.Postgres, sqlDB, opts))
+	migDownAll(ctx, t, sqlDB, opts)
 	requireApplied(false)
-	var keepLeft bool
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-		WHERE n.nspname = $1 AND p.proname = $2)`, schema, migrations.DefaultTable+"_keep").Scan(&keepLeft))
-	require.False(t, keepLeft, "Down leaves the trigger function behind")
+	for _, fn := range []string{"_keep", "_forward"} {
+		var left bool
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+			WHERE n.nspname = $1 AND p.proname = $2)`, schema, migrations.DefaultTable+fn).Scan(&left))
+		require.False(t, left, "Down leaves the trigger function %s behind", fn)
+	}
 	var schemaLeft bool
 	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema).Scan(&schemaLeft))
 	require.True(t, schemaLeft, "Down leaves the schema in place")
@@ -143,6 +147,89 @@ func TestPostgresMigrationsUpDownUp(t *testing.T) {
 	require.Len(t, infos, 1)
 	require.Equal(t, int64(2), infos[0].Token)
 	require.False(t, infos[0].Held)
+}
+
+// migDownAll rolls back every applied migration, one step at a time, as
+// `sqllock migrate down --force` does when repeated.
+func migDownAll(ctx context.Context, t *testing.T, sqlDB *sql.DB, opts migrations.Options) {
+	t.Helper()
+	for range 10 {
+		err := migrations.Down(ctx, migrations.Postgres, sqlDB, opts)
+		if errors.Is(err, goose.ErrNoNextVersion) {
+			return
+		}
+		require.NoError(t, err)
+	}
+	t.Fatal("migrations still applied after 10 steps down")
+}
+
+// TestPostgresMigrationsTokensNeverGoBackwards (issue: the token history
+// must never go backwards): a schema created by migration 00001 with leases
+// in it is upgraded; the leases survive, held, with their tokens. Then every
+// way to lower a token (or rename a key) by hand is refused, while raising
+// one and ashlock's own statements still work.
+func TestPostgresMigrationsTokensNeverGoBackwards(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	schema := migSchema(t, db, "fwd")
+	opts := migrations.Options{Schema: schema}
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer func() { require.NoError(t, sqlDB.Close()) }()
+	p, err := migrations.NewProvider(migrations.Postgres, sqlDB, opts)
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, 1)
+	require.NoError(t, err)
+
+	be, err := postgres.New(db.Pool, postgres.Options{Schema: schema})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, be.Close()) }()
+	held, err := be.TryAcquire(ctx, sqllock.AcquireRequest{Key: "a", TTL: time.Hour, Owner: "holder-a"})
+	require.NoError(t, err)
+	for range 3 {
+		migAcquireOnce(ctx, t, be, "b") // b: token 3, released
+	}
+
+	table := pgx.Identifier{schema, migrations.DefaultTable}.Sanitize()
+	rows := func() map[string]string {
+		r, err := db.Pool.Query(ctx, "SELECT key, format('%s/%s/%s', token, held, owner) FROM "+table)
+		require.NoError(t, err)
+		out := map[string]string{}
+		var k, v string
+		_, err = pgx.ForEachRow(r, []any{&k, &v}, func() error { out[k] = v; return nil })
+		require.NoError(t, err)
+		return out
+	}
+	before := rows()
+	require.Equal(t, "1/t/holder-a", before["a"])
+
+	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, opts))
+	require.Equal(t, before, rows(), "the upgrade keeps every lease as it was")
+	_, err = be.TryRenew(ctx, held, time.Hour)
+	require.NoError(t, err, "the held lease is still held after the upgrade")
+
+	for _, stmt := range []string{
+		"UPDATE " + table + " SET token = 1 WHERE key = 'b'",
+		"UPDATE " + table + " SET token = token - 1",
+		"UPDATE " + table + " SET key = 'c' WHERE key = 'b'",
+		"INSERT INTO " + table + " (key, token, held, deadline, owner) VALUES ('b', 1, false, now(), 'x') ON CONFLICT (key) DO UPDATE SET token = excluded.token",
+	} {
+		_, err := db.Pool.Exec(ctx, stmt)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, stmt)
+		require.Equal(t, "23001", pgErr.Code, stmt)
+		require.Contains(t, pgErr.Message, "never", stmt)
+		require.Equal(t, before, rows(), "after %s", stmt)
+	}
+	_, err = db.Pool.Exec(ctx, "UPDATE "+table+" SET token = token + 10 WHERE key = 'b'")
+	require.NoError(t, err, "raising a token is allowed")
+	require.Equal(t, int64(14), migAcquireOnce(ctx, t, be, "b"), "grants go on from the raised token")
+	require.NoError(t, be.Release(ctx, held))
+
+	up, err := migrations.SQL(migrations.Postgres, opts, "up")
+	require.NoError(t, err)
+	require.Contains(t, up, "sqllock_tokens_forward", "`sqllock migrate sql` shows the trigger")
 }
 
 // migTableShape describes a table as the catalogs do, with the schema name

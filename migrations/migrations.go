@@ -116,7 +116,7 @@ func (o Options) check(d Dialect) error {
 	}
 	// The derived names must be valid too: PostgreSQL would silently
 	// truncate a name over 63 bytes, and the version table would not be
-	// found again. keepSuffix is shorter than versionSuffix.
+	// found again. The other suffixes are no longer than versionSuffix.
 	if err := sqlident.Validate(o.table() + versionSuffix); err != nil {
 		return fmt.Errorf("migrations: table name too long for its %q suffix: %w", versionSuffix, err)
 	}
@@ -127,13 +127,21 @@ func (o Options) check(d Dialect) error {
 // or trigger function (PostgreSQL) that refuses deleting its rows.
 const keepSuffix = "_keep"
 
-// quotedKeep returns the quoted name of the trigger (SQLite) or trigger
-// function (PostgreSQL) that refuses deleting lock rows.
-func (o Options) quotedKeep(d Dialect) string {
+// Suffixes for the names of the triggers (SQLite) or trigger functions
+// (PostgreSQL) of migration 00002: they refuse lowering a token. Neither is
+// longer than versionSuffix.
+const (
+	forwardSuffix        = "_forward"
+	forwardReplaceSuffix = "_fwd_rep"
+)
+
+// quotedObject returns the quoted name of the lock table's trigger (SQLite)
+// or trigger function (PostgreSQL) with suffix.
+func (o Options) quotedObject(d Dialect, suffix string) string {
 	if d == SQLite {
-		return sqlident.QuoteSQLite(o.table() + keepSuffix)
+		return sqlident.QuoteSQLite(o.table() + suffix)
 	}
-	return sqlident.QuotePostgres(o.Schema, o.table()+keepSuffix)
+	return sqlident.QuotePostgres(o.Schema, o.table()+suffix)
 }
 
 // quoted returns the identifiers as they appear in the rendered SQL.
@@ -155,7 +163,10 @@ func FS(d Dialect, o Options) (fs.FS, error) {
 		return nil, err
 	}
 	schema, table, _ := o.quoted(d)
-	data := struct{ Schema, Table, Keep string }{schema, table, o.quotedKeep(d)}
+	data := struct{ Schema, Table, Keep, Forward, ForwardReplace string }{
+		schema, table,
+		o.quotedObject(d, keepSuffix), o.quotedObject(d, forwardSuffix), o.quotedObject(d, forwardReplaceSuffix),
+	}
 
 	names, err := fs.Glob(embedded, path.Join(string(d), "*.sql"))
 	if err != nil {

@@ -64,13 +64,15 @@ func TestSQLite(t *testing.T) {
 		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{}))
 		var rows int
 		require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM sqllock_locks_version WHERE version_id > 0`).Scan(&rows))
-		require.Equal(t, 1, rows)
+		require.Equal(t, latest(t, migrations.SQLite), rows)
 
 		st, err := migrations.Status(ctx, migrations.SQLite, b.db, migrations.Options{})
 		require.NoError(t, err)
-		require.Len(t, st, 1)
-		require.Equal(t, goose.StateApplied, st[0].State)
-		require.EqualValues(t, 1, st[0].Source.Version)
+		require.Len(t, st, latest(t, migrations.SQLite))
+		for i, s := range st {
+			require.Equal(t, goose.StateApplied, s.State)
+			require.EqualValues(t, i+1, s.Source.Version)
+		}
 	})
 
 	t.Run("Schema", func(t *testing.T) {
@@ -109,7 +111,7 @@ func TestSQLite(t *testing.T) {
 		require.NoError(t, b.db.QueryRow(`SELECT token FROM sqllock_locks WHERE key = 'k'`).Scan(&token))
 		require.EqualValues(t, 7, token)
 
-		require.NoError(t, migrations.Down(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		downAll(t, migrations.SQLite, b.db, migrations.Options{})
 		var triggers int
 		require.NoError(t, b.db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'trigger'`).Scan(&triggers))
 		require.Zero(t, triggers)
@@ -119,7 +121,7 @@ func TestSQLite(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{}))
-		require.NoError(t, migrations.Down(ctx, migrations.SQLite, b.db, migrations.Options{}))
+		downAll(t, migrations.SQLite, b.db, migrations.Options{})
 		require.False(t, tableExists(t, b.db, "sqllock_locks"))
 
 		st, err := migrations.Status(ctx, migrations.SQLite, b.db, migrations.Options{})
@@ -144,7 +146,7 @@ func TestSQLite(t *testing.T) {
 
 		// A second lock table in the same database is independent.
 		require.NoError(t, migrations.Up(ctx, migrations.SQLite, b.db, migrations.Options{}))
-		require.NoError(t, migrations.Down(ctx, migrations.SQLite, b.db, o))
+		downAll(t, migrations.SQLite, b.db, o)
 		require.False(t, tableExists(t, b.db, "Team_Locks"))
 		require.True(t, tableExists(t, b.db, "sqllock_locks"))
 	})
@@ -220,7 +222,7 @@ func TestSQLite(t *testing.T) {
 			}
 			var applied int
 			require.NoError(t, dbs[0].QueryRow(`SELECT count(*) FROM sqllock_locks_version WHERE version_id > 0`).Scan(&applied))
-			require.Equal(t, 1, applied, "round %d: the migration is recorded once", round)
+			require.Equal(t, latest(t, migrations.SQLite), applied, "round %d: each migration is recorded once", round)
 			require.True(t, tableExists(t, dbs[0], "sqllock_locks"))
 		}
 	})
@@ -236,7 +238,7 @@ func holdWriteLock(t *testing.T, path string) (release func()) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
 	require.NoError(t, migrations.Up(ctx, migrations.SQLite, db, migrations.Options{}))
-	require.NoError(t, migrations.Down(ctx, migrations.SQLite, db, migrations.Options{}))
+	downAll(t, migrations.SQLite, db, migrations.Options{})
 	conn, err := db.Conn(ctx)
 	require.NoError(t, err)
 	_, err = conn.ExecContext(ctx, `BEGIN IMMEDIATE`)
@@ -286,7 +288,7 @@ func TestSQLiteUpRetries(t *testing.T) {
 		require.True(t, tableExists(t, db, "sqllock_locks"))
 		var applied int
 		require.NoError(t, db.QueryRow(`SELECT count(*) FROM sqllock_locks_version WHERE version_id > 0`).Scan(&applied))
-		require.Equal(t, 1, applied)
+		require.Equal(t, latest(t, migrations.SQLite), applied)
 	})
 
 	t.Run("StopsAtContextEnd", func(t *testing.T) {

@@ -38,9 +38,14 @@ const (
 	//
 	// token + (free AND token < max) adds 1 exactly on a new tenure and never
 	// overflows; free and "held by the same owner" exclude each other.
+	//
+	// The inserted row carries the key's current token (1 for a new key):
+	// migration 00002's BEFORE INSERT trigger, which refuses a REPLACE that
+	// would lower a token, sees the upsert's VALUES too, so they must not be
+	// lower than the row the DO UPDATE then changes.
 	queryAcquire = `
 INSERT INTO $T (key, token, held, deadline, owner)
-VALUES (?1, 1, 1, $NOW + ?2, ?3)
+VALUES (?1, coalesce((SELECT token FROM $T WHERE key = ?1), 1), 1, $NOW + ?2, ?3)
 ON CONFLICT (key) DO UPDATE SET
 	token    = token + ((NOT held OR deadline <= $NOW) AND token < ` + maxToken + `),
 	held     = CASE WHEN $GRANT THEN 1 ELSE held END,
