@@ -6,8 +6,10 @@
 // its deadline by the database clock and its owner. TryAcquire, TryRenew and
 // Release are each one statement and one round trip; the database clock
 // (clock_timestamp()) alone decides expiry. A TryAcquire that finds the key
-// held locks no row, writes no WAL and assigns no transaction id, so waiters
-// that poll a hot key cost the database little. A Release needs no
+// held locks no row, assigns no transaction id and writes no WAL of its own
+// (its read may prune dead row versions that renewals left on the page:
+// about one record of ~270 bytes per hundred renewals), so waiters that poll
+// a hot key cost the database little. A Release needs no
 // durability and commits without waiting for its WAL flush.
 //
 // Close the Backend (which stops its listener) before closing the pool.

@@ -14,7 +14,15 @@
 //
 // SQLite computes every deadline itself, as integer Unix milliseconds from
 // the wall clock of the host (all processes on one host share it). TTLs are
-// rounded up to whole milliseconds.
+// rounded up to whole milliseconds, and one more is added because the clock
+// reads whole milliseconds, truncated (see leaseMillis).
+//
+// The wall clock can step. A step back by d under a holder ends its lease d
+// later: a takeover after a crash waits d longer, nothing else changes. A
+// step forward by more than the holder's margin ends the lease at the
+// database before the holder's local deadline: another process can be
+// granted the key while the holder still works, and only the fencing token
+// keeps its stale writes out. Keep the clock slewed (NTP), not stepped.
 //
 // # Statements
 //
