@@ -113,7 +113,7 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 	default:
 		return fail(ExitUsage, "--workload %q: want uncontended, hot, handoff or all", workload)
 	}
-	d, err := e.resolveDatabase(db.url)
+	d, err := e.database(db)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ashlock/ashlock/internal/sqlident"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -268,6 +269,22 @@ func (f *dbFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "database-url", "", "`URL` of the database (default $SQLLOCK_DATABASE_URL, else the embedded SQLite file)")
 	fs.StringVar(&f.table, "table", "", "lock `table` name (default sqllock_locks)")
 	fs.StringVar(&f.schema, "schema", "", "PostgreSQL `schema` of the lock table (default: the search_path)")
+}
+
+// validate checks --table and --schema before any I/O, by the rules the
+// backends and the migrations share.
+func (f *dbFlags) validate() error {
+	if f.table != "" {
+		if err := sqlident.ValidateTable(f.table); err != nil {
+			return fail(ExitUsage, "--table: %v", err)
+		}
+	}
+	if f.schema != "" {
+		if err := sqlident.Validate(f.schema); err != nil {
+			return fail(ExitUsage, "--schema: %v", err)
+		}
+	}
+	return nil
 }
 
 // positiveDuration refuses negative durations with a usage error.

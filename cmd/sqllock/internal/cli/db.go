@@ -42,6 +42,15 @@ type database struct {
 	defaultPath bool
 }
 
+// database validates the flags and resolves the database; see
+// resolveDatabase.
+func (e *env) database(f dbFlags) (*database, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	return e.resolveDatabase(f.url)
+}
+
 // resolveDatabase picks the database by precedence: the flag, then
 // $SQLLOCK_DATABASE_URL, then the embedded SQLite default. It does no I/O
 // (except reading libpq's password file, as pgx does).

@@ -56,7 +56,7 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 	if err := sqllock.ValidatePrefix(prefix); err != nil {
 		return fail(ExitUsage, "--prefix: %v", err)
 	}
-	d, err := e.resolveDatabase(db.url)
+	d, err := e.database(db)
 	if err != nil {
 		return err
 	}

@@ -71,7 +71,7 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 		}
 		d := migrations.Dialect(dialect)
 		if dialect == "" {
-			res, err := e.resolveDatabase(db.url)
+			res, err := e.database(db)
 			if err != nil {
 				return err
 			}
@@ -99,7 +99,7 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 	default:
 		return fail(ExitUsage, "unknown action %q: want up, down, status or sql", action)
 	}
-	res, err := e.resolveDatabase(db.url)
+	res, err := e.database(db)
 	if err != nil {
 		return err
 	}

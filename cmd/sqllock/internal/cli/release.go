@@ -55,7 +55,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	if err := sqllock.ValidateKey(key); err != nil {
 		return fail(ExitUsage, "--key: %v", err)
 	}
-	d, err := e.resolveDatabase(db.url)
+	d, err := e.database(db)
 	if err != nil {
 		return err
 	}

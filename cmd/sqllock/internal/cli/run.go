@@ -123,7 +123,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	e.notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer e.stopNotify(sigs)
 
-	d, err := e.resolveDatabase(f.db.url)
+	d, err := e.database(f.db)
 	if err != nil {
 		return err
 	}
