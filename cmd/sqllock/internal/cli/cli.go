@@ -22,10 +22,10 @@ const (
 	ExitOK          = 0
 	ExitFailure     = 1   // an operation failed for a reason not listed below
 	ExitUsage       = 64  // EX_USAGE: bad flags or arguments, invalid key or TTL
-	ExitUnavailable = 69  // EX_UNAVAILABLE: the database cannot be reached or opened
+	ExitUnavailable = 69  // EX_UNAVAILABLE: the database cannot be reached (may heal)
 	ExitTempFail    = 75  // EX_TEMPFAIL: not acquired (held by another, or --wait ended)
 	ExitLeaseLost   = 76  // EX_PROTOCOL: the lease was lost while the command ran
-	ExitConfig      = 78  // EX_CONFIG: unknown URL scheme, bad URL, lock table missing
+	ExitConfig      = 78  // EX_CONFIG: bad URL, lock table missing, unusable SQLite file
 	ExitCannotExec  = 126 // the command was found but could not be started
 	ExitNotFound    = 127 // the command was not found
 	exitSignalBase  = 128 // 128+N: died by (or interrupted with) signal N
@@ -119,11 +119,13 @@ Exit statuses (all commands):
   0    success (run: the command's own status)
   1    the operation failed for another reason
   64   usage error: bad flag, missing --key, invalid key or duration
-  69   the database cannot be reached or opened
+  69   the database cannot be reached (waiting may heal it)
   75   run: not acquired (held by another; --wait elapsed)
        release: a newer holder appeared in between; nothing released
   76   run: the lease was lost while the command ran; it was stopped
-  78   configuration error: unknown URL scheme, bad URL, lock table missing
+  78   configuration error: unknown URL scheme, bad URL, lock table
+       missing, SQLite file read-only, not a database or in a missing
+       directory
   126  run: the command could not be started
   127  run: the command was not found
   128+N  run: the command died by signal N, or sqllock was interrupted by it

@@ -207,7 +207,7 @@ func (d *database) prepareSQLite() error {
 		return nil
 	}
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return fail(ExitUnavailable, "cannot open %s: directory %s does not exist (create it, or use another path)", d.display, dir)
+		return fail(ExitConfig, "cannot open %s: directory %s does not exist (create it, or use another path)", d.display, dir)
 	}
 	return nil
 }
@@ -303,13 +303,23 @@ func (e *env) openSQL(ctx context.Context, d *database, schema string) (*sql.DB,
 
 func (e *env) openError(d *database, err error) error {
 	code := ExitUnavailable
-	if errors.Is(err, sqlite.ErrInMemory) {
+	if errors.Is(err, sqlite.ErrInMemory) || errors.Is(err, sqlite.ErrUnusable) {
 		code = ExitConfig
 	}
 	if errors.Is(err, migrations.ErrInvalidIdentifier) {
 		code = ExitUsage
 	}
 	return fail(code, "cannot open %s: %v", d.display, err)
+}
+
+// opError turns an error of an operation on the open backend into one that
+// names the database where that helps: a SQLite file that cannot be used is
+// a configuration error (waiting would not heal it).
+func (d *database) opError(err error) error {
+	if errors.Is(err, sqlite.ErrUnusable) {
+		return fail(ExitConfig, "%s: %v", d.display, err)
+	}
+	return err
 }
 
 // describe is the database as shown in messages.

@@ -43,7 +43,7 @@
 //	64       [ExitUsage] (EX_USAGE): bad flag or argument, missing --key,
 //	         invalid key, duration or table name, --force missing
 //	69       [ExitUnavailable] (EX_UNAVAILABLE): the database cannot be
-//	         reached or opened
+//	         reached, or stayed busy; waiting may heal it
 //	75       [ExitTempFail] (EX_TEMPFAIL): run: not acquired (held by another,
 //	         or --wait elapsed); release: a newer holder took the key between
 //	         reading and releasing, and was left alone. Retrying may succeed.
@@ -54,8 +54,10 @@
 //	         so that both lock outcomes are easy to tell from the command's
 //	         own small statuses. It wins over the command's own status: the
 //	         command's work may have overlapped another holder's.
-//	78       [ExitConfig] (EX_CONFIG): unknown URL scheme, unparsable URL, or
-//	         the lock table is missing (PostgreSQL: run `sqllock migrate up`)
+//	78       [ExitConfig] (EX_CONFIG): unknown URL scheme, unparsable URL,
+//	         the lock table is missing (PostgreSQL: run `sqllock migrate up`),
+//	         or a SQLite file that waiting cannot make usable: read-only, not
+//	         a database, or in a directory that does not exist
 //	126      [ExitCannotExec]: run: the command could not be started
 //	127      [ExitNotFound]: run: the command was not found
 //	128+N    run: the command died by signal N (as shells report it), or

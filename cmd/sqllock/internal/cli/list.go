@@ -67,7 +67,7 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 	defer b.close()
 	infos, err := b.List(ctx, prefix)
 	if err != nil {
-		return listError(err)
+		return listError(d.opError(err))
 	}
 	if asJSON {
 		out := make([]lockJSON, 0, len(infos))

@@ -67,7 +67,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 
 	infos, err := b.List(ctx, key)
 	if err != nil {
-		return listError(err)
+		return listError(d.opError(err))
 	}
 	var info *sqllock.LockInfo
 	for i := range infos {
@@ -96,7 +96,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "%q (token %d) was already %s; it is free\n", key, info.Token, lost.Reason)
 		return nil
 	default:
-		return fmt.Errorf("release %q: %w", key, err)
+		return d.opError(fmt.Errorf("release %q: %w", key, err))
 	}
 	fmt.Fprintf(e.stdout, "released %q (token %d, held by %s); the next holder gets a larger token\n", key, info.Token, info.Owner)
 	return nil

@@ -47,8 +47,9 @@ Exit status: COMMAND's own (128+N if it died by signal N), except
   76   the lease was lost while COMMAND ran; COMMAND was stopped (this wins
        over COMMAND's own status: its work may have overlapped another
        holder's)
-  64   usage error; 69 database unreachable; 78 configuration error or lock
-       table missing (PostgreSQL: run "sqllock migrate up")
+  64   usage error; 69 database unreachable; 78 configuration error: lock
+       table missing (PostgreSQL: run "sqllock migrate up"), or a SQLite
+       file that is read-only, not a database or in a missing directory
   126  COMMAND could not be started; 127 COMMAND not found
 
 Examples:
@@ -140,7 +141,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 
 	g, err := e.acquire(ctx, client, f, sigs)
 	if err != nil {
-		return err
+		return d.opError(err)
 	}
 	return e.supervise(g, f, sigs)
 }

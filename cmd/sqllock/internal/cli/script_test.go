@@ -119,6 +119,7 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 		RequireUniqueNames:  true,
 		Setup: func(e *testscript.Env) error {
 			e.Setenv("HOME", filepath.Join(e.WorkDir, "home"))
+			e.Values[scriptT{}] = e.T()
 			return setup(e)
 		},
 		Condition: func(cond string) (bool, error) {
@@ -132,22 +133,39 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 			"exitcode": cmdExitcode,
 			"waitfile": cmdWaitfile,
 			"gone":     cmdGone,
+			"readonly": cmdReadonly,
 		},
 	}
 }
 
-// exitcode N program args...: runs program like exec, and requires its exit
-// status to be N. stdout and stderr are kept for the next stdout/stderr
+// scriptT is the key of the script's testscript.T in Env.Values.
+type scriptT struct{}
+
+// exitcode [-within D] N program args...: runs program like exec, and
+// requires its exit status to be N (and, with -within, that it took at most
+// D). stdout and stderr are kept for the next stdout/stderr
 // commands.
 func cmdExitcode(ts *testscript.TestScript, neg bool, args []string) {
+	within := time.Duration(0)
+	if len(args) >= 2 && args[0] == "-within" {
+		d, err := time.ParseDuration(args[1])
+		if err != nil {
+			ts.Fatalf("exitcode: %v", err)
+		}
+		within, args = d, args[2:]
+	}
 	if neg || len(args) < 2 {
-		ts.Fatalf("usage: exitcode N program [args...]")
+		ts.Fatalf("usage: exitcode [-within D] N program [args...]")
 	}
 	want, err := strconv.Atoi(args[0])
 	if err != nil {
 		ts.Fatalf("exitcode: %v", err)
 	}
+	start := time.Now()
 	err = ts.Exec(args[1], args[2:]...)
+	if took := time.Since(start); within > 0 && took > within {
+		ts.Fatalf("exitcode: %s took %v, more than %v", args[1], took.Round(time.Millisecond), within)
+	}
 	got := 0
 	var ee *exec.ExitError
 	switch {
@@ -231,4 +249,23 @@ func alive(pid int) bool {
 	}
 	m := regexp.MustCompile(`\) (\S)`).FindSubmatch(stat)
 	return m == nil || string(m[1]) != "Z"
+}
+
+// readonly file: makes file read-only for this process, also when it runs
+// as root (which ignores permission bits): then with chattr +i, undone when
+// the script ends. Skips the script if neither works.
+func cmdReadonly(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: readonly file")
+	}
+	name := ts.MkAbs(args[0])
+	ts.Check(os.Chmod(name, 0o444))
+	if os.Geteuid() != 0 {
+		return
+	}
+	if out, err := exec.Command("chattr", "+i", name).CombinedOutput(); err != nil {
+		ts.Logf("running as root and chattr +i failed (%v: %s): cannot make a file read-only", err, out)
+		ts.Value(scriptT{}).(testscript.T).Skip("cannot make a file read-only")
+	}
+	ts.Defer(func() { _ = exec.Command("chattr", "-i", name).Run() })
 }
