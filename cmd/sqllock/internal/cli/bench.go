@@ -155,7 +155,7 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		r.Database = d.display
-		r.FirstError = redact(r.FirstError, e.secrets)
+		r.FirstError = redact(r.FirstError)
 		results = append(results, r)
 	}
 	if asJSON {

@@ -61,9 +61,6 @@ type env struct {
 	notify         func(c chan<- os.Signal, sig ...os.Signal)
 	stopNotify     func(c chan<- os.Signal)
 	usages         []usageText
-	// secrets are redacted from every message; the database resolution adds
-	// the password it found.
-	secrets []string
 }
 
 // Run runs the sqllock command line args (without the program name) and
@@ -113,7 +110,12 @@ embedded SQLite file in your state directory (%s),
 created on first use:
   postgres://... or postgresql://...   PostgreSQL (libpq PG* variables fill
                                        in what the URL leaves out)
-  sqlite:PATH or a plain file path     SQLite (created and migrated on use)
+  host=... dbname=... user=...         PostgreSQL, keyword/value form
+  sqlite:PATH                          SQLite (created and migrated on use)
+  a path with a "/" or ending in .db,  SQLite too; never a string with "=":
+  .sqlite or .sqlite3                  write sqlite:PATH for any other name
+Anything else (a bare word such as "locks") is refused with exit 78.
+--connect-timeout (default 5s) bounds connecting to PostgreSQL.
 
 Exit statuses (all commands):
   0    success (run: the command's own status)
@@ -183,8 +185,8 @@ func (e *env) finish(name string, err error) int {
 	return exitCode(err)
 }
 
-// errorf prints one line to stderr, with secrets redacted and line breaks
-// folded.
+// errorf prints one line to stderr, with the password fields of URLs and
+// connection strings redacted and line breaks folded.
 func (e *env) errorf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	lines := strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' || r == '\r' })
@@ -192,7 +194,7 @@ func (e *env) errorf(format string, args ...any) {
 		lines[i] = strings.TrimSpace(l)
 	}
 	msg = strings.Join(lines, " ")
-	fmt.Fprintln(e.stderr, redact(msg, e.secrets))
+	fmt.Fprintln(e.stderr, redact(msg))
 }
 
 // exitCode maps an error to the exit status that describes it.
@@ -265,17 +267,22 @@ func (e *env) parse(fs *flag.FlagSet, args []string) error {
 // dbFlags are the flags every database command has.
 type dbFlags struct {
 	url, table, schema string
+	connectTimeout     time.Duration
 }
 
 func (f *dbFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "database-url", "", "`URL` of the database (default $SQLLOCK_DATABASE_URL, else the embedded SQLite file)")
 	fs.StringVar(&f.table, "table", "", "lock `table` name (default sqllock_locks)")
 	fs.StringVar(&f.schema, "schema", "", "PostgreSQL `schema` of the lock table (default: the search_path)")
+	fs.DurationVar(&f.connectTimeout, "connect-timeout", 0, "PostgreSQL: how long connecting, and one statement of list or release, may take (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 5s)")
 }
 
 // validate checks --table and --schema before any I/O, by the rules the
 // backends and the migrations share.
 func (f *dbFlags) validate() error {
+	if f.connectTimeout < 0 {
+		return fail(ExitUsage, "--connect-timeout %v: must not be negative", f.connectTimeout)
+	}
 	if f.table != "" {
 		if err := sqlident.ValidateTable(f.table); err != nil {
 			return fail(ExitUsage, "--table: %v", err)

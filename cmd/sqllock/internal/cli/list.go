@@ -65,7 +65,9 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer b.close()
-	infos, err := b.List(ctx, prefix)
+	lctx, cancel := d.opContext(ctx)
+	infos, err := b.List(lctx, prefix)
+	cancel()
 	if err != nil {
 		return listError(d.opError(err))
 	}

@@ -65,7 +65,9 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	}
 	defer b.close()
 
-	infos, err := b.List(ctx, key)
+	lctx, cancel := d.opContext(ctx)
+	infos, err := b.List(lctx, key)
+	cancel()
 	if err != nil {
 		return listError(d.opError(err))
 	}
@@ -85,7 +87,9 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	// Token-scoped: this never ends a newer lease granted since the List.
 	// Under its own owner, so the holder's later Release reports the loss
 	// (and who released) instead of taking it for its own repeat.
-	err = b.Release(ctx, sqllock.Lease{Key: key, Token: info.Token, Owner: forcedOwner()})
+	rctx, cancel := d.opContext(ctx)
+	err = b.Release(rctx, sqllock.Lease{Key: key, Token: info.Token, Owner: forcedOwner()})
+	cancel()
 	var lost *sqllock.LostError
 	switch {
 	case err == nil:

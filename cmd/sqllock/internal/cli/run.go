@@ -73,6 +73,11 @@ type runFlags struct {
 	grace      time.Duration
 	command    []string
 	commandRaw string // COMMAND as given, for messages
+	// waitLeft is what is left of --wait after connecting.
+	waitLeft time.Duration
+	// attemptTimeout bounds the single acquire attempt of --wait 0 (0: no
+	// bound).
+	attemptTimeout time.Duration
 }
 
 func cmdRun(ctx context.Context, e *env, args []string) error {
@@ -128,9 +133,23 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	b, err := e.openBackend(ctx, d, f.db, 4)
+	// --wait bounds everything before COMMAND starts: connecting included.
+	// Without --wait, the one attempt is bounded by the connect timeout
+	// (PostgreSQL; SQLite bounds its own waits).
+	start := time.Now()
+	openCtx, cancelOpen := ctx, context.CancelFunc(func() {})
+	if f.wait > 0 {
+		openCtx, cancelOpen = context.WithDeadline(ctx, start.Add(f.wait))
+	} else if d.pg != nil {
+		f.attemptTimeout = d.pg.ConnConfig.ConnectTimeout
+	}
+	b, err := e.openBackend(openCtx, d, f.db, 4)
+	cancelOpen()
 	if err != nil {
 		return err
+	}
+	if f.wait > 0 {
+		f.waitLeft = max(time.Until(start.Add(f.wait)), time.Millisecond)
 	}
 	defer b.close()
 	client, err := sqllock.New(b, sqllock.Options{TTL: f.ttl, ReleaseTimeout: releaseTimeout})
@@ -145,6 +164,11 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	}
 	return e.supervise(g, f, sigs)
 }
+
+// errAttemptTimeout ends an acquire attempt that got no answer in time.
+type errAttemptTimeout struct{ d time.Duration }
+
+func (e errAttemptTimeout) Error() string { return fmt.Sprintf("no answer within %v", e.d) }
 
 // signalExit is how the acquire was interrupted.
 type signalExit struct{ sig os.Signal }
@@ -165,10 +189,18 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 	lockCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	acquired := make(chan struct{})
 	watcherDone := make(chan struct{})
+	var attemptTimeout <-chan time.Time
+	if f.attemptTimeout > 0 {
+		t := time.NewTimer(f.attemptTimeout)
+		defer t.Stop()
+		attemptTimeout = t.C
+	}
 	go func() {
 		defer close(watcherDone)
 		select {
 		case <-acquired:
+		case <-attemptTimeout:
+			cancel(errAttemptTimeout{f.attemptTimeout})
 		case s := <-sigs:
 			cancel(signalExit{s})
 		case <-ctx.Done():
@@ -192,7 +224,7 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 	if f.wait == 0 {
 		g, err = client.TryAcquire(lockCtx, f.key, opts)
 	} else {
-		opts.Wait = f.wait
+		opts.Wait = f.waitLeft
 		g, err = client.Acquire(lockCtx, f.key, opts)
 	}
 	close(acquired)
@@ -205,6 +237,10 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 			cancelRelease()
 		}
 		var se signalExit
+		var te errAttemptTimeout
+		if errors.As(cause, &te) {
+			return nil, fail(ExitUnavailable, "acquire %q: no answer from the database within %v (--connect-timeout); not run", f.key, te.d)
+		}
 		if errors.As(cause, &se) {
 			return nil, fail(exitSignalBase+signalNumber(se.sig), "%v while acquiring %q; not run", se.sig, f.key)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -130,10 +131,11 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
-			"exitcode": cmdExitcode,
-			"waitfile": cmdWaitfile,
-			"gone":     cmdGone,
-			"readonly": cmdReadonly,
+			"exitcode":  cmdExitcode,
+			"waitfile":  cmdWaitfile,
+			"gone":      cmdGone,
+			"readonly":  cmdReadonly,
+			"blackhole": cmdBlackhole,
 		},
 	}
 }
@@ -268,4 +270,37 @@ func cmdReadonly(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Value(scriptT{}).(testscript.T).Skip("cannot make a file read-only")
 	}
 	ts.Defer(func() { _ = exec.Command("chattr", "-i", name).Run() })
+}
+
+// blackhole VAR: listens on a local TCP port, accepts every connection and
+// never answers (a server that hangs, or a firewall that swallows), and sets
+// $VAR to its host:port. It stops when the script ends.
+func cmdBlackhole(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: blackhole VAR")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ts.Check(err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // held open, never read or written
+		}
+	}()
+	ts.Defer(func() {
+		_ = ln.Close()
+		<-done
+	})
+	ts.Setenv(args[0], ln.Addr().String())
 }
