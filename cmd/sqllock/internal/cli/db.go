@@ -280,7 +280,10 @@ func (e *env) connectPG(ctx context.Context, d *database, maxConns int) (*pgxpoo
 	if err != nil {
 		return nil, fail(ExitConfig, "PostgreSQL at %s: %v", d.display, err)
 	}
-	start := time.Now()
+	bound, why := cfg.ConnConfig.ConnectTimeout, "the connect timeout"
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < bound {
+		bound, why = time.Until(dl), "the command's --wait"
+	}
 	pctx, cancel := context.WithTimeout(ctx, cfg.ConnConfig.ConnectTimeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
@@ -288,9 +291,9 @@ func (e *env) connectPG(ctx context.Context, d *database, maxConns int) (*pgxpoo
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return nil, ctx.Err() // interrupted
 		}
-		if pctx.Err() != nil {
-			return nil, fail(ExitUnavailable, "cannot reach PostgreSQL at %s: no answer within %v (the connect timeout, or the command's --wait)",
-				d.display, time.Since(start).Round(100*time.Millisecond))
+		if pctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+			return nil, fail(ExitUnavailable, "cannot reach PostgreSQL at %s: no answer within %v (%s)",
+				d.display, bound.Round(100*time.Millisecond), why)
 		}
 		return nil, fail(ExitUnavailable, "cannot reach PostgreSQL at %s: %s (check the URL, the PG* variables and that the server is up)", d.display, connectErrorText(err))
 	}
