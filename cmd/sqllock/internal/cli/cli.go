@@ -121,8 +121,10 @@ Exit statuses (all commands):
   0    success (run: the command's own status)
   1    the operation failed for another reason
   64   usage error: bad flag, missing --key, invalid key or duration
+       (run: --ttl below 1s)
   69   the database cannot be reached (waiting may heal it)
-  75   run: not acquired (held by another; --wait elapsed)
+  75   run: not acquired (held by another; --wait elapsed), or the lease
+       was lost before the command started; it was not started
        release: a newer holder appeared in between; nothing released
   76   run: the lease was lost while the command ran; it was stopped
   78   configuration error: unknown URL scheme, bad URL, lock table

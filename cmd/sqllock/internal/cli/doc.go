@@ -15,9 +15,12 @@
 // ~/Library/Application Support/sqllock on macOS, %LocalAppData%\sqllock on
 // Windows), created on first use with its directory (0700). postgres:// and
 // postgresql:// URLs select PostgreSQL (libpq PG* variables fill in what the
-// URL leaves out, as pgxpool.ParseConfig does); sqlite:PATH or a plain path
-// select SQLite; any other scheme is a configuration error. A password is
-// never printed, in errors neither.
+// URL leaves out, as pgxpool.ParseConfig does), and so does a keyword/value
+// string (host=... dbname=...); sqlite:PATH, or a path with a "/" or a
+// .db/.sqlite/.sqlite3 extension and no "=", selects SQLite; anything else
+// (another scheme, a bare word) is a configuration error, never guessed. A
+// password is never printed, in errors neither: the password field of a URL
+// or connection string is shown as xxxxx.
 //
 // # run
 //
@@ -41,11 +44,13 @@
 //	0        success; for run, the command's own status
 //	1        [ExitFailure]: the operation failed for another reason
 //	64       [ExitUsage] (EX_USAGE): bad flag or argument, missing --key,
-//	         invalid key, duration or table name, --force missing
+//	         invalid key, duration or table name, --force missing, run
+//	         --ttl below 1s
 //	69       [ExitUnavailable] (EX_UNAVAILABLE): the database cannot be
 //	         reached, or stayed busy; waiting may heal it
 //	75       [ExitTempFail] (EX_TEMPFAIL): run: not acquired (held by another,
-//	         or --wait elapsed); release: a newer holder took the key between
+//	         or --wait elapsed), or the lease was lost before the command
+//	         started, so it was not started; release: a newer holder took the key between
 //	         reading and releasing, and was left alone. Retrying may succeed.
 //	76       [ExitLeaseLost] (EX_PROTOCOL): run: the lease was lost while the
 //	         command ran, and the command was stopped. sysexits.h has no code

@@ -43,7 +43,8 @@ Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
      loses the lock, and COMMAND is then stopped as after any loss).
 
 Exit status: COMMAND's own (128+N if it died by signal N), except
-  75   not acquired: KEY is held by another (or --wait elapsed)
+  75   not acquired: KEY is held by another (or --wait elapsed), or the
+       lease was lost before COMMAND started; COMMAND was not started
   76   the lease was lost while COMMAND ran; COMMAND was stopped (this wins
        over COMMAND's own status: its work may have overlapped another
        holder's)
@@ -60,6 +61,9 @@ Examples:
 
 // Default timings of `run`.
 const (
+	// minRunTTL is the shortest --ttl: below it a renewal round trip (every
+	// ttl/3) cannot be relied on to land before the lease expires.
+	minRunTTL    = time.Second
 	defaultGrace = 10 * time.Second
 	// releaseTimeout bounds the release after COMMAND exited; the lease
 	// expires by itself anyway.
@@ -84,7 +88,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	var f runFlags
 	fs := e.flagSet("run", runUsage)
 	fs.StringVar(&f.key, "key", "", "the lock's `key` (required)")
-	fs.DurationVar(&f.ttl, "ttl", sqllock.DefaultTTL, "lease duration; renewed every ttl/3 while COMMAND runs")
+	fs.DurationVar(&f.ttl, "ttl", sqllock.DefaultTTL, "lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
 	fs.DurationVar(&f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
 	fs.DurationVar(&f.grace, "grace", defaultGrace, "after a lost lease, time between SIGTERM and SIGKILL")
 	f.db.register(fs)
@@ -103,6 +107,9 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	}
 	if err := sqllock.ValidateTTL(f.ttl); err != nil {
 		return fail(ExitUsage, "--ttl: %v", err)
+	}
+	if f.ttl < minRunTTL {
+		return fail(ExitUsage, "--ttl %v is too short: at least %v, so that the lease can be renewed (every ttl/3) while COMMAND runs", f.ttl, minRunTTL)
 	}
 	for _, d := range []struct {
 		name string
@@ -169,6 +176,10 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 type errAttemptTimeout struct{ d time.Duration }
 
 func (e errAttemptTimeout) Error() string { return fmt.Sprintf("no answer within %v", e.d) }
+
+// beforeStart, when set (by tests), runs between the acquire and COMMAND's
+// start.
+var beforeStart func()
 
 // signalExit is how the acquire was interrupted.
 type signalExit struct{ sig os.Signal }
@@ -263,6 +274,10 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 		if errors.Is(err, sqllock.ErrSchemaMissing) {
 			return nil, fail(ExitConfig, "%v", err)
 		}
+		if errors.Is(err, sqllock.ErrLeaseLost) {
+			// Granted, but over before it could be used: as not acquired.
+			return nil, fail(ExitTempFail, "acquire %q: the lease ended before %s could start (%v); not run", f.key, f.commandRaw, err)
+		}
 		return nil, fmt.Errorf("acquire %q: %w", f.key, err)
 	}
 	return g, nil
@@ -272,6 +287,7 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 // a silentExit (or an error to print).
 func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (retErr error) {
 	lease := g.Lease()
+	notStarted := false // lost before COMMAND started: already reported
 	defer func() {
 		// Release when COMMAND has exited (or could not start). A loss
 		// detected only now still means COMMAND's work may have overlapped.
@@ -281,7 +297,7 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 		var s silentExit
 		lostBefore := errors.As(retErr, &s) && int(s) == ExitLeaseLost
 		switch {
-		case rerr == nil || lostBefore:
+		case rerr == nil || lostBefore || notStarted:
 		case errors.Is(rerr, sqllock.ErrLeaseLost):
 			e.errorf("sqllock run: the lease on %q (token %d) had ended before %s exited: %v; its work may have overlapped another holder's",
 				f.key, lease.Token, f.commandRaw, rerr)
@@ -291,6 +307,7 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 		}
 	}()
 
+	var lost *sqllock.LostError
 	cmd := exec.Command(f.command[0], f.command[1:]...)
 	cmd.Args[0] = f.commandRaw
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = e.stdin, e.stdout, e.stderr
@@ -301,6 +318,17 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 	)
 	// Its own process group: a loss stops COMMAND's children too.
 	group := prepareGroup(cmd, e.stdin)
+	if beforeStart != nil {
+		beforeStart()
+	}
+	// Never start COMMAND without the lock: a lease lost since the
+	// acquire (renewals failed, or a forced release) means not run.
+	if errors.As(context.Cause(g.Context()), &lost) {
+		e.errorf("sqllock run: lost the lease on %q (token %d) before %s started: %s; not run",
+			f.key, lease.Token, f.commandRaw, lossReason(lost))
+		notStarted = true
+		return silentExit(ExitTempFail)
+	}
 	// Bounds the copying of non-file stdio after COMMAND exits (a child
 	// that keeps a pipe open); os.File stdio is passed directly.
 	cmd.WaitDelay = f.grace + time.Second
@@ -313,7 +341,6 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 	go func() { exited <- cmd.Wait() }()
 
 	var (
-		lost     *sqllock.LostError
 		graceC   <-chan time.Time
 		killed   bool
 		leaseEnd = g.Done()

@@ -41,6 +41,19 @@ func (l leakCheckedMain) Run() int {
 
 // sqllockMain is cmd/sqllock's main.
 func sqllockMain() {
+	if name := os.Getenv("SQLLOCKTEST_BEFORE_START"); name != "" {
+		// Holds run between the acquire and COMMAND's start: writes
+		// NAME.waiting and waits until NAME exists.
+		beforeStart = func() {
+			_ = os.WriteFile(name+".waiting", []byte("waiting\n"), 0o666)
+			for i := 0; i < 3000; i++ {
+				if _, err := os.Stat(name); err == nil {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
@@ -136,6 +149,7 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 			"gone":      cmdGone,
 			"readonly":  cmdReadonly,
 			"blackhole": cmdBlackhole,
+			"sleep":     cmdSleep,
 		},
 	}
 }
@@ -303,4 +317,14 @@ func cmdBlackhole(ts *testscript.TestScript, neg bool, args []string) {
 		<-done
 	})
 	ts.Setenv(args[0], ln.Addr().String())
+}
+
+// sleep D: waits for the duration D.
+func cmdSleep(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: sleep duration")
+	}
+	d, err := time.ParseDuration(args[0])
+	ts.Check(err)
+	time.Sleep(d)
 }
