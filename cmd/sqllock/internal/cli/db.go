@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -381,10 +382,25 @@ func (e *env) openError(d *database, err error) error {
 }
 
 // opError turns an error of an operation on the open backend into one that
-// names the database where that helps: a SQLite file that cannot be used is
-// a configuration error (waiting would not heal it).
-func (d *database) opError(err error) error {
-	if errors.Is(err, sqlite.ErrUnusable) {
+// says what to do: a missing lock table names the exact migrate command
+// (with --table and --schema as given), and a SQLite file that cannot be
+// used is a configuration error (waiting would not heal it).
+func (d *database) opError(err error, f dbFlags) error {
+	switch {
+	case errors.Is(err, sqllock.ErrSchemaMissing):
+		table := cmp.Or(f.table, migrations.DefaultTable)
+		if f.schema != "" {
+			table = f.schema + "." + table
+		}
+		cmd := "sqllock migrate up"
+		if f.table != "" {
+			cmd += " --table " + f.table
+		}
+		if f.schema != "" {
+			cmd += " --schema " + f.schema
+		}
+		return fail(ExitConfig, "lock table %s is missing in %s; create it once, run: %s (with the same --database-url)", table, d.display, cmd)
+	case errors.Is(err, sqlite.ErrUnusable):
 		return fail(ExitConfig, "%s: %v", d.display, err)
 	}
 	return err

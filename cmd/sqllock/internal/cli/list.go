@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -69,7 +68,7 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 	infos, err := b.List(lctx, prefix)
 	cancel()
 	if err != nil {
-		return listError(d.opError(err))
+		return d.opError(err, db)
 	}
 	if asJSON {
 		out := make([]lockJSON, 0, len(infos))
@@ -91,11 +90,4 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", in.Key, held, in.Owner, in.Token, left)
 	}
 	return tw.Flush()
-}
-
-func listError(err error) error {
-	if errors.Is(err, sqllock.ErrSchemaMissing) {
-		return fail(ExitConfig, "%v", err)
-	}
-	return err
 }

@@ -69,7 +69,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	infos, err := b.List(lctx, key)
 	cancel()
 	if err != nil {
-		return listError(d.opError(err))
+		return d.opError(err, db)
 	}
 	var info *sqllock.LockInfo
 	for i := range infos {
@@ -100,7 +100,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "%q (token %d) was already %s; it is free\n", key, info.Token, lost.Reason)
 		return nil
 	default:
-		return d.opError(fmt.Errorf("release %q: %w", key, err))
+		return d.opError(fmt.Errorf("release %q: %w", key, err), db)
 	}
 	fmt.Fprintf(e.stdout, "released %q (token %d, held by %s); the next holder gets a larger token\n", key, info.Token, info.Owner)
 	return nil

@@ -167,7 +167,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 
 	g, err := e.acquire(ctx, client, f, sigs)
 	if err != nil {
-		return d.opError(err)
+		return d.opError(err, f.db)
 	}
 	return e.supervise(g, f, sigs)
 }
@@ -270,9 +270,6 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 				msg += fmt.Sprintf("; gave up after waiting %v", f.wait)
 			}
 			return nil, fail(ExitTempFail, "%s", msg)
-		}
-		if errors.Is(err, sqllock.ErrSchemaMissing) {
-			return nil, fail(ExitConfig, "%v", err)
 		}
 		if errors.Is(err, sqllock.ErrLeaseLost) {
 			// Granted, but over before it could be used: as not acquired.
