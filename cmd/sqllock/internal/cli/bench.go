@@ -90,8 +90,8 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 	fs := e.flagSet("bench", benchUsage)
 	fs.IntVar(&cfg.clients, "clients", 4, "concurrent `clients`")
 	fs.IntVar(&cfg.keys, "keys", 1000, "number of `keys` of the uncontended workload (at least one per client)")
-	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "how long each workload runs")
-	fs.DurationVar(&cfg.ttl, "ttl", sqllock.DefaultTTL, "lease duration of every acquire")
+	durationVar(fs, &cfg.duration, "duration", 5*time.Second, "how long each workload runs")
+	durationVar(fs, &cfg.ttl, "ttl", sqllock.DefaultTTL, "lease duration of every acquire")
 	fs.StringVar(&workload, "workload", "all", "uncontended, hot, handoff or all")
 	fs.BoolVar(&asJSON, "json", false, "print a JSON array instead of a table")
 	db.register(fs)
@@ -111,8 +111,8 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 	case cfg.duration <= 0:
 		return fail(ExitUsage, "--duration %v: want a positive duration", cfg.duration)
 	}
-	if err := sqllock.ValidateTTL(cfg.ttl); err != nil {
-		return fail(ExitUsage, "--ttl: %v", err)
+	if err := checkTTL(cfg.ttl, sqllock.MinTTL, sqllock.MaxTTL); err != nil {
+		return err
 	}
 	var workloads []string
 	switch workload {

@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -183,7 +185,7 @@ func (e *env) finish(name string, err error) int {
 	if errors.As(err, &s) {
 		return int(s)
 	}
-	e.errorf("sqllock %s: %v", name, err)
+	e.errorf("sqllock %s: %s", name, stripPrefixes(err.Error()))
 	return exitCode(err)
 }
 
@@ -249,9 +251,56 @@ func (e *env) printUsage(fs *flag.FlagSet) {
 		}
 	}
 	fmt.Fprintln(e.stdout, "\nFlags:")
-	fs.SetOutput(e.stdout)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
+	printFlags(e.stdout, fs)
+}
+
+// printFlags lists fs's flags as the README writes them: --name, its
+// argument, then the usage and any default on an indented line.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		if _, ok := f.Value.(*durationValue); ok && arg == "value" {
+			arg = "duration"
+		}
+		line := "  --" + f.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		switch f.DefValue {
+		case "", "0", "0s", "false":
+		default:
+			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "%s\n    \t%s\n", line, strings.ReplaceAll(usage, "\n", "\n    \t"))
+	})
+}
+
+// flagErrRE and friends match the flag package's parse errors, which name
+// flags with one dash; sqllock writes two, as its help and README do.
+var (
+	flagInvalidRE  = regexp.MustCompile(`^invalid value "(.*)" for flag -([\w-]+): (.*)$`)
+	flagUnknownRE  = regexp.MustCompile(`^flag provided but not defined: -+([\w-]+)$`)
+	flagNoValueRE  = regexp.MustCompile(`^flag needs an argument: -+([\w-]+)$`)
+	flagBadBoolMsg = "parse error"
+)
+
+// flagError rewrites a parse error of the flag package.
+func flagError(err error) string {
+	msg := err.Error()
+	if m := flagInvalidRE.FindStringSubmatch(msg); m != nil {
+		why := m[3]
+		if why == flagBadBoolMsg {
+			why = "not a valid value"
+		}
+		return fmt.Sprintf("--%s %q: %s", m[2], m[1], why)
+	}
+	if m := flagUnknownRE.FindStringSubmatch(msg); m != nil {
+		return "unknown flag --" + m[1]
+	}
+	if m := flagNoValueRE.FindStringSubmatch(msg); m != nil {
+		return "--" + m[1] + " needs a value"
+	}
+	return msg
 }
 
 // parse parses args; a parse error becomes a usage error naming --help.
@@ -261,9 +310,68 @@ func (e *env) parse(fs *flag.FlagSet, args []string) error {
 			e.printUsage(fs)
 			return err
 		}
-		return fail(ExitUsage, "%v (see %s --help)", err, fs.Name())
+		return fail(ExitUsage, "%s (see %s --help)", flagError(err), fs.Name())
 	}
 	return nil
+}
+
+// durationValue is a duration flag whose errors say what is wrong: a bare
+// number is a missing unit, not a "parse error".
+type durationValue time.Duration
+
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, value time.Duration, usage string) {
+	*p = value
+	fs.Var((*durationValue)(p), name, usage)
+}
+
+func (d *durationValue) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+			return fmt.Errorf("missing unit, e.g. %ss", s)
+		}
+		return errors.New("not a duration, e.g. 30s, 5m or 1h30m")
+	}
+	*d = durationValue(v)
+	return nil
+}
+
+func (d *durationValue) String() string { return fmtDuration(time.Duration(*d)) }
+
+// fmtDuration writes d as people do: 24h, 1h30m, 10m, 1s, 1ms (Go's
+// String writes 24h0m0s).
+func fmtDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// checkTTL checks a --ttl against [lo, hi], in words.
+func checkTTL(ttl, lo, hi time.Duration) error {
+	if ttl < lo || ttl > hi {
+		return fail(ExitUsage, "--ttl %s: must be from %s to %s", fmtDuration(ttl), fmtDuration(lo), fmtDuration(hi))
+	}
+	return nil
+}
+
+// prefixRE matches the package prefixes that wrapped errors stack up
+// ("sqllock/postgres: acquire: sqllock: ..."); a message prints its
+// command's name once and the rest without them.
+var prefixRE = regexp.MustCompile(`(^|: )(?:sqllock/postgres|sqllock/sqlite|sqllock|sqlite|migrations|sqlident): `)
+
+func stripPrefixes(msg string) string {
+	for {
+		out := prefixRE.ReplaceAllString(msg, "$1")
+		if out == msg {
+			return out
+		}
+		msg = out
+	}
 }
 
 // dbFlags are the flags every database command has.
@@ -276,7 +384,7 @@ func (f *dbFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "database-url", "", "`URL` of the database (default $SQLLOCK_DATABASE_URL, else the embedded SQLite file)")
 	fs.StringVar(&f.table, "table", "", "lock `table` name (default sqllock_locks)")
 	fs.StringVar(&f.schema, "schema", "", "PostgreSQL `schema` of the lock table (default: the search_path)")
-	fs.DurationVar(&f.connectTimeout, "connect-timeout", 0, "PostgreSQL: how long connecting, and one statement of list or release, may take (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 5s)")
+	durationVar(fs, &f.connectTimeout, "connect-timeout", 0, "PostgreSQL: how long connecting may take; it also bounds run's single attempt (without --wait) and each statement of list and release (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 5s)")
 }
 
 // validate checks --table and --schema before any I/O, by the rules the

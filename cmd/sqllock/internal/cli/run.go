@@ -88,9 +88,9 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	var f runFlags
 	fs := e.flagSet("run", runUsage)
 	fs.StringVar(&f.key, "key", "", "the lock's `key` (required)")
-	fs.DurationVar(&f.ttl, "ttl", sqllock.DefaultTTL, "lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
-	fs.DurationVar(&f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
-	fs.DurationVar(&f.grace, "grace", defaultGrace, "after a lost lease, time between SIGTERM and SIGKILL")
+	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
+	durationVar(fs, &f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
+	durationVar(fs, &f.grace, "grace", defaultGrace, "after a lost lease, time between SIGTERM and SIGKILL")
 	f.db.register(fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
@@ -105,11 +105,11 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	if err := sqllock.ValidateKey(f.key); err != nil {
 		return fail(ExitUsage, "--key: %v", err)
 	}
-	if err := sqllock.ValidateTTL(f.ttl); err != nil {
-		return fail(ExitUsage, "--ttl: %v", err)
+	if f.ttl < minRunTTL && f.ttl >= sqllock.MinTTL {
+		return fail(ExitUsage, "--ttl %s is too short: at least %s, so that the lease can be renewed (every ttl/3) while COMMAND runs", fmtDuration(f.ttl), fmtDuration(minRunTTL))
 	}
-	if f.ttl < minRunTTL {
-		return fail(ExitUsage, "--ttl %v is too short: at least %v, so that the lease can be renewed (every ttl/3) while COMMAND runs", f.ttl, minRunTTL)
+	if err := checkTTL(f.ttl, minRunTTL, sqllock.MaxTTL); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		name string
