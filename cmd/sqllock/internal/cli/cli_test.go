@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -283,4 +284,43 @@ func TestRunNotAcquired(t *testing.T) {
 	require.Equal(t, ExitTempFail, code)
 	require.Empty(t, stdout)
 	require.Contains(t, stderr, `held by "test-holder" (token 1)`)
+}
+
+// TestREADMEMatchesHelp keeps the README's CLI section true: every --flag
+// it names exists (as --help shows it), and every exit status in its table
+// is one sqllock --help documents.
+func TestREADMEMatchesHelp(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../../../README.md")
+	require.NoError(t, err)
+	text := string(readme)
+	start := strings.Index(text, "## The `sqllock` command")
+	require.GreaterOrEqual(t, start, 0)
+	section := text[start:]
+	section = section[:strings.Index(section, "\n## Schema")]
+
+	tb := setup(t)
+	var help strings.Builder
+	for _, c := range commands() {
+		code, stdout, _ := tb.run(testCtx(t), c.name, "--help")
+		require.Equal(t, ExitOK, code)
+		help.WriteString(stdout)
+	}
+	_, mainHelp, _ := tb.run(testCtx(t), "--help")
+	for _, m := range regexp.MustCompile(`--([a-z][a-z-]*)`).FindAllStringSubmatch(section, -1) {
+		if m[1] == "help" {
+			continue
+		}
+		require.Regexp(t, `(?m)^  --`+regexp.QuoteMeta(m[1])+`\b`, help.String(), "README names --%s", m[1])
+	}
+	rows := regexp.MustCompile(`(?m)^\| (\d+)(?: / (\d+))? \|`).FindAllStringSubmatch(section, -1)
+	require.NotEmpty(t, rows)
+	for _, m := range rows {
+		for _, code := range m[1:] {
+			if code != "" {
+				require.Regexp(t, `(?m)^  `+code+` `, mainHelp, "README's exit status %s", code)
+			}
+		}
+	}
+	require.NotContains(t, section, "go build -o sqllock ", "writes into the sqllock/ package directory")
 }
