@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -18,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/rogpeppe/go-internal/testscript"
 
+	"github.com/ashlock/ashlock/internal/faultproxy"
 	"github.com/ashlock/ashlock/internal/leakcheck"
 	"github.com/ashlock/ashlock/internal/pgtest"
 	"github.com/ashlock/ashlock/migrations"
@@ -144,12 +146,13 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
-			"exitcode":  cmdExitcode,
-			"waitfile":  cmdWaitfile,
-			"gone":      cmdGone,
-			"readonly":  cmdReadonly,
-			"blackhole": cmdBlackhole,
-			"sleep":     cmdSleep,
+			"exitcode":   cmdExitcode,
+			"waitfile":   cmdWaitfile,
+			"gone":       cmdGone,
+			"readonly":   cmdReadonly,
+			"blackhole":  cmdBlackhole,
+			"sleep":      cmdSleep,
+			"stallproxy": cmdStallproxy,
 		},
 	}
 }
@@ -327,4 +330,23 @@ func cmdSleep(ts *testscript.TestScript, neg bool, args []string) {
 	d, err := time.ParseDuration(args[0])
 	ts.Check(err)
 	time.Sleep(d)
+}
+
+// stallproxy VAR PATTERN: puts a proxy between the script and the
+// PostgreSQL of $SQLLOCK_DATABASE_URL that passes everything until a
+// request containing PATTERN goes through, and then never delivers that
+// connection's replies (a server that stalls mid-statement). $VAR is set to
+// the database URL through the proxy.
+func cmdStallproxy(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: stallproxy VAR PATTERN")
+	}
+	u, err := url.Parse(ts.Getenv(EnvDatabaseURL))
+	ts.Check(err)
+	p, err := faultproxy.New(u.Host)
+	ts.Check(err)
+	ts.Defer(func() { _ = p.Close() })
+	p.BlackholeRepliesAfter([]byte(args[1]))
+	u.Host = p.Addr()
+	ts.Setenv(args[0], u.String())
 }
