@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -153,6 +154,7 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 			"blackhole":  cmdBlackhole,
 			"sleep":      cmdSleep,
 			"stallproxy": cmdStallproxy,
+			"kvdsn":      cmdKVDSN,
 		},
 	}
 }
@@ -349,4 +351,22 @@ func cmdStallproxy(ts *testscript.TestScript, neg bool, args []string) {
 	p.BlackholeRepliesAfter([]byte(args[1]))
 	u.Host = p.Addr()
 	ts.Setenv(args[0], u.String())
+}
+
+// kvdsn VAR: sets $VAR to $SQLLOCK_DATABASE_URL (a PostgreSQL URL) written
+// in keyword/value form: host=... port=... user=... dbname=... and its query
+// parameters as keywords.
+func cmdKVDSN(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: kvdsn VAR")
+	}
+	u, err := url.Parse(ts.Getenv(EnvDatabaseURL))
+	ts.Check(err)
+	kv := []string{"host=" + u.Hostname(), "port=" + u.Port(), "user=" + u.User.Username(), "dbname=" + strings.TrimPrefix(u.Path, "/")}
+	for k, vs := range u.Query() {
+		for _, v := range vs {
+			kv = append(kv, k+"="+v)
+		}
+	}
+	ts.Setenv(args[0], strings.Join(kv, " "))
 }
