@@ -5,11 +5,17 @@
 //
 //	sqllock migrate up|down|status|sql [--table T] [--schema S] [--force] [--dialect D]
 //	sqllock run --key K [--ttl 30s] [--wait 0] [--grace 10s] [--table T] -- CMD ARGS...
-//	sqllock list [--prefix P] [--json]
+//	sqllock list [--prefix P] [--json] [--watch]
 //	sqllock release --key K --force
 //	sqllock bench [--clients N] [--keys N] [--duration D] [--workload uncontended|hot|handoff|all] [--json]
 //
-// Every command takes --database-url; else $SQLLOCK_DATABASE_URL is used,
+// bench works in its own table (sqllock_bench) unless --table names
+// another, so its rows never join the real locks.
+//
+// Every command takes --database-url and --connect-timeout (PostgreSQL,
+// default 5s: connecting, run's single attempt without --wait, and each
+// statement of list and release; run --wait bounds everything before the
+// command starts); else $SQLLOCK_DATABASE_URL is used,
 // else an embedded SQLite file in the user's state directory
 // ($XDG_STATE_HOME/sqllock/locks.db, else ~/.local/state/sqllock/locks.db;
 // ~/Library/Application Support/sqllock on macOS, %LocalAppData%\sqllock on
