@@ -190,14 +190,14 @@ func (e *env) finish(name string, err error) int {
 }
 
 // errorf prints one line to stderr, with the password fields of URLs and
-// connection strings redacted and line breaks folded.
+// connection strings redacted and line breaks folded into "; ".
 func (e *env) errorf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	lines := strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' || r == '\r' })
 	for i, l := range lines {
 		lines[i] = strings.TrimSpace(l)
 	}
-	msg = strings.Join(lines, " ")
+	msg = strings.Join(lines, "; ") // errors.Join and multi-line driver errors
 	fmt.Fprintln(e.stderr, redact(msg))
 }
 

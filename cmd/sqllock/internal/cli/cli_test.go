@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -323,4 +324,14 @@ func TestREADMEMatchesHelp(t *testing.T) {
 		}
 	}
 	require.NotContains(t, section, "go build -o sqllock ", "writes into the sqllock/ package directory")
+}
+
+// TestErrorfFoldsJoinedErrors: an errors.Join (one error per line) prints
+// on one line with a separator, not run together ("(8) context deadline").
+func TestErrorfFoldsJoinedErrors(t *testing.T) {
+	t.Parallel()
+	var stderr bytes.Buffer
+	e := &env{stderr: &stderr}
+	e.errorf("sqllock run: %v", errors.Join(errors.New("busy (5)"), context.DeadlineExceeded))
+	require.Equal(t, "sqllock run: busy (5); context deadline exceeded\n", stderr.String())
 }
