@@ -57,7 +57,7 @@ const (
 const DefaultTable = "sqllock_locks"
 
 // versionSuffix turns the lock table's name into the version table's.
-const versionSuffix = "_version"
+const versionSuffix = sqlident.VersionSuffix
 
 var (
 	// ErrInvalidIdentifier is matched (errors.Is) by the error returned for an
@@ -111,14 +111,12 @@ func (o Options) check(d Dialect) error {
 			return fmt.Errorf("migrations: schema: %w", err)
 		}
 	}
-	if err := sqlident.Validate(o.table()); err != nil {
-		return fmt.Errorf("migrations: table: %w", err)
-	}
 	// The derived names must be valid too: PostgreSQL would silently
 	// truncate a name over 63 bytes, and the version table would not be
-	// found again. The other suffixes are no longer than versionSuffix.
-	if err := sqlident.Validate(o.table() + versionSuffix); err != nil {
-		return fmt.Errorf("migrations: table name too long for its %q suffix: %w", versionSuffix, err)
+	// found again. The other suffixes are no longer than versionSuffix. The
+	// backends apply the same rule.
+	if err := sqlident.ValidateTable(o.table()); err != nil {
+		return fmt.Errorf("migrations: table: %w", err)
 	}
 	return nil
 }

@@ -656,6 +656,40 @@ func TestNewValidatesOptions(t *testing.T) {
 	require.NotEmpty(t, c.Owner())
 }
 
+// TestNewRefusesTinyIntervals: a RenewInterval or Margin meant as seconds
+// but given as a bare number (5 is 5ns) is refused before any I/O, with the
+// bound in the error; a watchdog renewing every few nanoseconds floods the
+// database.
+func TestNewRefusesTinyIntervals(t *testing.T) {
+	t.Parallel()
+	mem := memory.New()
+	for _, tc := range []struct {
+		o     sqllock.Options
+		field string
+	}{
+		{sqllock.Options{RenewInterval: 5}, "RenewInterval"},
+		{sqllock.Options{RenewInterval: time.Millisecond - 1}, "RenewInterval"},
+		{sqllock.Options{Margin: 5}, "Margin"},
+		{sqllock.Options{Margin: 999 * time.Microsecond}, "Margin"},
+	} {
+		_, err := sqllock.New(mem, tc.o)
+		require.ErrorIs(t, err, sqllock.ErrInvalidOption, "%+v", tc.o)
+		require.ErrorIs(t, err, sqllock.ErrInvalidTTL, "%+v", tc.o) // as documented for New
+		var oe *sqllock.OptionError
+		require.ErrorAs(t, err, &oe)
+		require.Equal(t, tc.field, oe.Field)
+		require.Equal(t, sqllock.MinInterval, oe.Min)
+		require.Contains(t, err.Error(), "at least 1ms")
+	}
+	for _, o := range []sqllock.Options{
+		{RenewInterval: time.Millisecond, TTL: time.Second},
+		{Margin: time.Millisecond},
+	} {
+		_, err := sqllock.New(mem, o)
+		require.NoError(t, err, "%+v", o)
+	}
+}
+
 func TestOwnerUniquePerAcquireCall(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {

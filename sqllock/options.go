@@ -1,6 +1,7 @@
 package sqllock
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -33,15 +34,17 @@ type Options struct {
 	TTL time.Duration
 
 	// RenewInterval is how often a Guard renews its lease. Default: a third
-	// of the lease's TTL. It must be at most half the TTL of every lease the
-	// client takes, so that one failed renewal leaves time for another.
+	// of the lease's TTL. It must be at least [MinInterval] and at most half
+	// the TTL of every lease the client takes, so that one failed renewal
+	// leaves time for another.
 	RenewInterval time.Duration
 
 	// Margin is the safety margin subtracted from the local deadline:
 	// local deadline = (monotonic time just before the request was sent) +
 	// TTL - Margin. It absorbs clock-rate differences between this host and
 	// the database and scheduling delays. Default: TTL/100 + 2ms, capped at
-	// TTL/4 for very short TTLs. It must be less than half the TTL.
+	// TTL/4 for very short TTLs. When set, it must be at least [MinInterval]
+	// and less than half the TTL.
 	Margin time.Duration
 
 	// Backoff returns how long to wait before the attempt-th retry (attempt
@@ -94,6 +97,32 @@ func defaultOwner() string {
 	return fmt.Sprintf("%s:%d:%08x", host, os.Getpid(), rand.Uint32())
 }
 
+// MinInterval is the smallest Options.RenewInterval and Options.Margin that
+// [New] accepts (zero still means the default). A bare number is
+// nanoseconds: RenewInterval: 5 would renew every 5ns and flood the
+// database, so it is refused rather than honoured.
+const MinInterval = time.Millisecond
+
+// ErrInvalidOption is matched (errors.Is) by the [*OptionError] that [New]
+// returns for an Options field out of bounds. Such an error also matches
+// [ErrInvalidTTL], as New has always documented.
+var ErrInvalidOption = errors.New("sqllock: invalid option")
+
+// OptionError says which Options field is out of bounds, and the bound.
+type OptionError struct {
+	Field string        // "RenewInterval" or "Margin"
+	Value time.Duration // as given
+	Min   time.Duration // the smallest accepted value
+}
+
+func (e *OptionError) Error() string {
+	return fmt.Sprintf("sqllock: invalid option: %s %v: must be at least %v (a bare number is nanoseconds; write e.g. 5*time.Second)",
+		e.Field, e.Value, e.Min)
+}
+
+// Unwrap makes the error match [ErrInvalidOption] and [ErrInvalidTTL].
+func (e *OptionError) Unwrap() []error { return []error{ErrInvalidOption, ErrInvalidTTL} }
+
 // settings are the resolved timings of one lease.
 type settings struct {
 	ttl, interval, margin time.Duration
@@ -111,6 +140,12 @@ func (o *Options) settingsFor(ao *AcquireOptions) (settings, error) {
 	}
 	if ao != nil && ao.Wait < 0 {
 		return s, fmt.Errorf("%w: negative Wait %v", ErrInvalidTTL, ao.Wait)
+	}
+	if o.RenewInterval > 0 && o.RenewInterval < MinInterval {
+		return s, &OptionError{Field: "RenewInterval", Value: o.RenewInterval, Min: MinInterval}
+	}
+	if o.Margin > 0 && o.Margin < MinInterval {
+		return s, &OptionError{Field: "Margin", Value: o.Margin, Min: MinInterval}
 	}
 	s.interval = o.RenewInterval
 	if s.interval == 0 {

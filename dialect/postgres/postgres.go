@@ -82,7 +82,8 @@ type Options struct {
 	Schema string
 
 	// Table is the lock table's name, [DefaultTable] when empty. Same rules
-	// as Schema.
+	// as Schema, but at most 55 bytes: the migrations name its version table
+	// "<Table>_version", and New refuses what could never be migrated.
 	Table string
 
 	// DisableNotify turns off LISTEN/NOTIFY: Release sends no notification
@@ -162,7 +163,7 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	if table == "" {
 		table = DefaultTable
 	}
-	if err := sqlident.Validate(table); err != nil {
+	if err := sqlident.ValidateTable(table); err != nil {
 		return nil, fmt.Errorf("sqllock/postgres: table: %w", err)
 	}
 	if opts.Schema != "" {

@@ -42,6 +42,7 @@ func TestNew(t *testing.T) {
 		{Table: `x"; DROP TABLE y; --`},
 		{Schema: "1abc"},
 		{Table: strings.Repeat("t", 64)},
+		{Table: strings.Repeat("t", 56)}, // no room for "_version": never migratable
 	} {
 		_, err := New(&pgxpool.Pool{}, opts)
 		require.Error(t, err, "%+v", opts)

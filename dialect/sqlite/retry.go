@@ -127,6 +127,28 @@ func code(err error) int {
 // BUSY_RECOVERY, BUSY_TIMEOUT) or SQLITE_LOCKED.
 func isBusy(err error) bool { return sqlitecode.IsBusy(err) }
 
+// ErrUnusable is matched (errors.Is) by errors about the database file
+// that waiting cannot heal: it is read-only, not a SQLite database, corrupt,
+// or cannot be opened (a missing directory, permissions). Unlike
+// [sqllock.ErrUnavailable], such an error is not retried: Acquire returns it
+// at once.
+var ErrUnusable = errors.New("sqlite: database file unusable")
+
+// transientReadonly reports whether a SQLITE_READONLY error is one that
+// another process clears by itself: WAL recovery in progress, or a shared
+// memory file not yet initialised.
+func transientReadonly(err error) bool {
+	var c interface{ Code() int }
+	if !errors.As(err, &c) {
+		return false
+	}
+	switch c.Code() {
+	case sqlite3.SQLITE_READONLY_RECOVERY, sqlite3.SQLITE_READONLY_CANTINIT:
+		return true
+	}
+	return false
+}
+
 // translate maps a driver error to ashlock's errors, once, at the backend
 // boundary. write says whether the failed operation writes.
 func (b *Backend) translate(err error, write bool) error {
@@ -149,8 +171,16 @@ func (b *Backend) translate(err error, write bool) error {
 		// A failed fsync at commit may leave a complete commit record in
 		// the WAL, which recovery would apply: the outcome is unknown.
 		return fmt.Errorf("%w: I/O error during a write: %v", sqllock.ErrIndeterminate, err)
+	case c == sqlite3.SQLITE_READONLY && !transientReadonly(err):
+		return fmt.Errorf("%w: read-only (make the file and its directory writable): %v", ErrUnusable, err)
+	case c == sqlite3.SQLITE_NOTADB:
+		return fmt.Errorf("%w: not a SQLite database: %v", ErrUnusable, err)
+	case c == sqlite3.SQLITE_CORRUPT:
+		return fmt.Errorf("%w: corrupt: %v", ErrUnusable, err)
+	case c == sqlite3.SQLITE_CANTOPEN, c == sqlite3.SQLITE_PERM, c == sqlite3.SQLITE_AUTH:
+		return fmt.Errorf("%w: cannot open it (check the path, its directory and their permissions): %v", ErrUnusable, err)
 	case c == sqlite3.SQLITE_IOERR, c == sqlite3.SQLITE_FULL, c == sqlite3.SQLITE_READONLY,
-		c == sqlite3.SQLITE_CANTOPEN, c == sqlite3.SQLITE_NOMEM, c == sqlite3.SQLITE_PROTOCOL,
+		c == sqlite3.SQLITE_NOMEM, c == sqlite3.SQLITE_PROTOCOL,
 		c == sqlite3.SQLITE_INTERRUPT:
 		return fmt.Errorf("%w: %v", sqllock.ErrUnavailable, err)
 	}

@@ -122,7 +122,9 @@ const (
 // Options configure a [Backend]. The zero value means the defaults.
 type Options struct {
 	// Table is the lock table's name, a plain identifier (letters, digits,
-	// underscore); empty means migrations.DefaultTable ("sqllock_locks").
+	// underscore) of at most 55 bytes, so that the migrations can name its
+	// version table "<Table>_version"; empty means migrations.DefaultTable
+	// ("sqllock_locks").
 	Table string
 
 	// Synchronous is the synchronous pragma for [Open] and [DSN]; empty
@@ -182,7 +184,7 @@ var (
 // resolve returns o with the defaults filled in, validated.
 func (o Options) resolve() (Options, error) {
 	o.Table = cmp.Or(o.Table, migrations.DefaultTable)
-	if err := sqlident.Validate(o.Table); err != nil {
+	if err := sqlident.ValidateTable(o.Table); err != nil {
 		return o, fmt.Errorf("sqlite: Options.Table: %w", err)
 	}
 	switch strings.ToUpper(string(o.Synchronous)) {

@@ -530,13 +530,20 @@ func TestTranslate(t *testing.T) {
 		{"IOErrOnWriteIsIndeterminate", &fakeSQLiteError{sqlite3.SQLITE_IOERR | 4<<8, "disk I/O error (4106)"}, true, sqllock.ErrIndeterminate},
 		{"IOErrOnReadIsUnavailable", &fakeSQLiteError{sqlite3.SQLITE_IOERR, "disk I/O error (10)"}, false, sqllock.ErrUnavailable},
 		{"DiskFull", &fakeSQLiteError{sqlite3.SQLITE_FULL, "database or disk is full (13)"}, true, sqllock.ErrUnavailable},
-		{"ReadOnly", &fakeSQLiteError{sqlite3.SQLITE_READONLY, "attempt to write a readonly database (8)"}, true, sqllock.ErrUnavailable},
+		{"ReadOnlyIsPermanent", &fakeSQLiteError{sqlite3.SQLITE_READONLY, "attempt to write a readonly database (8)"}, true, ErrUnusable},
+		{"ReadOnlyRecoveryIsTransient", &fakeSQLiteError{sqlite3.SQLITE_READONLY_RECOVERY, "attempt to write a readonly database (264)"}, true, sqllock.ErrUnavailable},
+		{"NotADatabase", &fakeSQLiteError{sqlite3.SQLITE_NOTADB, "file is not a database (26)"}, false, ErrUnusable},
+		{"CantOpen", &fakeSQLiteError{sqlite3.SQLITE_CANTOPEN, "unable to open database file (14)"}, false, ErrUnusable},
 		{"Closed", errors.New("sql: database is closed"), true, sqllock.ErrClosed},
 		{"Cancelled", context.Canceled, true, context.Canceled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := b.translate(fmt.Errorf("wrapped: %w", tc.err), tc.write)
 			require.ErrorIs(t, got, tc.want)
+			if tc.want == ErrUnusable {
+				// Permanent: never retried as if waiting could heal it.
+				require.NotErrorIs(t, got, sqllock.ErrUnavailable)
+			}
 		})
 	}
 	require.True(t, isBusy(&fakeSQLiteError{sqlite3.SQLITE_BUSY_SNAPSHOT, "database is locked"}))

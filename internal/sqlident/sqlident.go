@@ -26,6 +26,29 @@ var ErrInvalidIdentifier = errors.New("sqlident: invalid identifier")
 // (longer names would be silently truncated by PostgreSQL).
 const MaxLen = 63
 
+// VersionSuffix turns a lock table's name into that of the table recording
+// its applied migrations; the other derived names (the "_keep" trigger) are
+// shorter.
+const VersionSuffix = "_version"
+
+// MaxTableLen is the longest lock table name: one whose version table name
+// still fits in MaxLen.
+const MaxTableLen = MaxLen - len(VersionSuffix)
+
+// ValidateTable checks a lock table name: a valid identifier short enough
+// for the names derived from it. The backends and the migrations use it
+// alike, so no backend accepts a table that could never be migrated.
+func ValidateTable(name string) error {
+	if err := Validate(name); err != nil {
+		return err
+	}
+	if len(name) > MaxTableLen {
+		return fmt.Errorf("%w %q: a lock table name is at most %d bytes (%d here), since its version table adds %q",
+			ErrInvalidIdentifier, name, MaxTableLen, len(name), VersionSuffix)
+	}
+	return nil
+}
+
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // Validate reports whether name is an acceptable identifier: an ASCII letter

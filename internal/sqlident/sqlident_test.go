@@ -50,6 +50,19 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// TestValidateTable: a lock table name leaves room for "_version".
+func TestValidateTable(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, ValidateTable("sqllock_locks"))
+	require.NoError(t, ValidateTable(strings.Repeat("t", MaxTableLen)))
+	require.NoError(t, Validate(strings.Repeat("t", MaxTableLen)+VersionSuffix))
+	for _, name := range []string{strings.Repeat("t", MaxTableLen+1), strings.Repeat("t", MaxLen), "", "1x"} {
+		err := ValidateTable(name)
+		require.ErrorIs(t, err, ErrInvalidIdentifier, "%q", name)
+	}
+	require.ErrorContains(t, ValidateTable(strings.Repeat("t", 56)), "at most 55 bytes")
+}
+
 func TestQuotePostgres(t *testing.T) {
 	t.Parallel()
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,15 +36,22 @@ three workloads, each run for --duration by --clients concurrent clients
                and the latency from the start of a release to the moment a
                waiting client holds the key
 
-All keys start with "sqllock-bench/", so bench never touches real keys. It
-releases every lease it took, but the rows stay: tokens must never reset,
-so a key's row is never deleted (each run continues the tokens above the
-last). Use --table to bench a table of its own.
+It works in a lock table of its own, sqllock_bench, never in the table of
+your real locks unless --table names it: it releases every lease it took,
+but the rows stay (tokens must never reset, so a key's row is never
+deleted; each run continues the tokens above the last). On SQLite the
+table is created on first use; on PostgreSQL create it once with
+  sqllock migrate up --table sqllock_bench
+All keys start with "sqllock-bench/".
 
 Examples:
   sqllock bench
   sqllock bench --database-url postgres://app@db/app --clients 16 --duration 10s --json
 `
+
+// benchTable is bench's own lock table, so that its rows (which can never
+// be deleted) stay out of the table of real locks.
+const benchTable = "sqllock_bench"
 
 // benchPrefix starts every key bench uses.
 const benchPrefix = "sqllock-bench/"
@@ -82,17 +90,19 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 	fs := e.flagSet("bench", benchUsage)
 	fs.IntVar(&cfg.clients, "clients", 4, "concurrent `clients`")
 	fs.IntVar(&cfg.keys, "keys", 1000, "number of `keys` of the uncontended workload (at least one per client)")
-	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "how long each workload runs")
-	fs.DurationVar(&cfg.ttl, "ttl", sqllock.DefaultTTL, "lease duration of every acquire")
+	durationVar(fs, &cfg.duration, "duration", 5*time.Second, "how long each workload runs")
+	durationVar(fs, &cfg.ttl, "ttl", sqllock.DefaultTTL, "lease duration of every acquire")
 	fs.StringVar(&workload, "workload", "all", "uncontended, hot, handoff or all")
 	fs.BoolVar(&asJSON, "json", false, "print a JSON array instead of a table")
 	db.register(fs)
+	fs.Lookup("table").Usage = "lock `table` to bench in (default " + benchTable + ": its own, never the table of your real locks unless named here)"
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fail(ExitUsage, "unexpected argument %q (see sqllock bench --help)", fs.Arg(0))
 	}
+	db.table = cmp.Or(db.table, benchTable)
 	switch {
 	case cfg.clients < 1 || cfg.clients > 10000:
 		return fail(ExitUsage, "--clients %d: want 1 to 10000", cfg.clients)
@@ -101,8 +111,8 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 	case cfg.duration <= 0:
 		return fail(ExitUsage, "--duration %v: want a positive duration", cfg.duration)
 	}
-	if err := sqllock.ValidateTTL(cfg.ttl); err != nil {
-		return fail(ExitUsage, "--ttl: %v", err)
+	if err := checkTTL(cfg.ttl, sqllock.MinTTL, sqllock.MaxTTL); err != nil {
+		return err
 	}
 	var workloads []string
 	switch workload {
@@ -113,7 +123,7 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 	default:
 		return fail(ExitUsage, "--workload %q: want uncontended, hot, handoff or all", workload)
 	}
-	d, err := e.resolveDatabase(db.url)
+	d, err := e.database(db)
 	if err != nil {
 		return err
 	}
@@ -125,14 +135,14 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 	// Fail early, with what to do, rather than count every operation as an
 	// error: a missing table, a database that does not answer.
 	if _, err := b.List(ctx, benchPrefix); err != nil {
-		return listError(err)
+		return d.opError(err, db)
 	}
 	host, _ := os.Hostname()
 	cfg.owner = fmt.Sprintf("sqllock-bench:%s:%d:%08x", host, os.Getpid(), rand.Uint32())
 
 	if !asJSON {
-		fmt.Fprintf(e.stdout, "sqllock bench: %s, %d clients, %v per workload, keys under %q\n",
-			d, cfg.clients, cfg.duration, benchPrefix)
+		fmt.Fprintf(e.stdout, "sqllock bench: %s, table %s, %d clients, %v per workload, keys under %q\n",
+			d, db.table, cfg.clients, cfg.duration, benchPrefix)
 	}
 	var results []benchResult
 	for _, w := range workloads {
@@ -155,7 +165,7 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		r.Database = d.display
-		r.FirstError = redact(r.FirstError, e.secrets)
+		r.FirstError = redact(r.FirstError)
 		results = append(results, r)
 	}
 	if asJSON {

@@ -8,9 +8,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/ashlock/ashlock/internal/sqlident"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -21,10 +24,10 @@ const (
 	ExitOK          = 0
 	ExitFailure     = 1   // an operation failed for a reason not listed below
 	ExitUsage       = 64  // EX_USAGE: bad flags or arguments, invalid key or TTL
-	ExitUnavailable = 69  // EX_UNAVAILABLE: the database cannot be reached or opened
+	ExitUnavailable = 69  // EX_UNAVAILABLE: the database cannot be reached (may heal)
 	ExitTempFail    = 75  // EX_TEMPFAIL: not acquired (held by another, or --wait ended)
 	ExitLeaseLost   = 76  // EX_PROTOCOL: the lease was lost while the command ran
-	ExitConfig      = 78  // EX_CONFIG: unknown URL scheme, bad URL, lock table missing
+	ExitConfig      = 78  // EX_CONFIG: bad URL, lock table missing, unusable SQLite file
 	ExitCannotExec  = 126 // the command was found but could not be started
 	ExitNotFound    = 127 // the command was not found
 	exitSignalBase  = 128 // 128+N: died by (or interrupted with) signal N
@@ -60,9 +63,6 @@ type env struct {
 	notify         func(c chan<- os.Signal, sig ...os.Signal)
 	stopNotify     func(c chan<- os.Signal)
 	usages         []usageText
-	// secrets are redacted from every message; the database resolution adds
-	// the password it found.
-	secrets []string
 }
 
 // Run runs the sqllock command line args (without the program name) and
@@ -112,17 +112,26 @@ embedded SQLite file in your state directory (%s),
 created on first use:
   postgres://... or postgresql://...   PostgreSQL (libpq PG* variables fill
                                        in what the URL leaves out)
-  sqlite:PATH or a plain file path     SQLite (created and migrated on use)
+  host=... dbname=... user=...         PostgreSQL, keyword/value form
+  sqlite:PATH                          SQLite (created and migrated on use)
+  a path with a "/" or ending in .db,  SQLite too; never a string with "=":
+  .sqlite or .sqlite3                  write sqlite:PATH for any other name
+Anything else (a bare word such as "locks") is refused with exit 78.
+--connect-timeout (default 5s) bounds connecting to PostgreSQL.
 
 Exit statuses (all commands):
   0    success (run: the command's own status)
   1    the operation failed for another reason
   64   usage error: bad flag, missing --key, invalid key or duration
-  69   the database cannot be reached or opened
-  75   run: not acquired (held by another; --wait elapsed)
+       (run: --ttl below 1s)
+  69   the database cannot be reached (waiting may heal it)
+  75   run: not acquired (held by another; --wait elapsed), or the lease
+       was lost before the command started; it was not started
        release: a newer holder appeared in between; nothing released
   76   run: the lease was lost while the command ran; it was stopped
-  78   configuration error: unknown URL scheme, bad URL, lock table missing
+  78   configuration error: unknown URL scheme, bad URL, lock table
+       missing, SQLite file read-only, not a database or in a missing
+       directory
   126  run: the command could not be started
   127  run: the command was not found
   128+N  run: the command died by signal N, or sqllock was interrupted by it
@@ -176,20 +185,20 @@ func (e *env) finish(name string, err error) int {
 	if errors.As(err, &s) {
 		return int(s)
 	}
-	e.errorf("sqllock %s: %v", name, err)
+	e.errorf("sqllock %s: %s", name, stripPrefixes(err.Error()))
 	return exitCode(err)
 }
 
-// errorf prints one line to stderr, with secrets redacted and line breaks
-// folded.
+// errorf prints one line to stderr, with the password fields of URLs and
+// connection strings redacted and line breaks folded into "; ".
 func (e *env) errorf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	lines := strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' || r == '\r' })
 	for i, l := range lines {
 		lines[i] = strings.TrimSpace(l)
 	}
-	msg = strings.Join(lines, " ")
-	fmt.Fprintln(e.stderr, redact(msg, e.secrets))
+	msg = strings.Join(lines, "; ") // errors.Join and multi-line driver errors
+	fmt.Fprintln(e.stderr, redact(msg))
 }
 
 // exitCode maps an error to the exit status that describes it.
@@ -242,9 +251,56 @@ func (e *env) printUsage(fs *flag.FlagSet) {
 		}
 	}
 	fmt.Fprintln(e.stdout, "\nFlags:")
-	fs.SetOutput(e.stdout)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
+	printFlags(e.stdout, fs)
+}
+
+// printFlags lists fs's flags as the README writes them: --name, its
+// argument, then the usage and any default on an indented line.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		if _, ok := f.Value.(*durationValue); ok && arg == "value" {
+			arg = "duration"
+		}
+		line := "  --" + f.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		switch f.DefValue {
+		case "", "0", "0s", "false":
+		default:
+			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "%s\n    \t%s\n", line, strings.ReplaceAll(usage, "\n", "\n    \t"))
+	})
+}
+
+// flagErrRE and friends match the flag package's parse errors, which name
+// flags with one dash; sqllock writes two, as its help and README do.
+var (
+	flagInvalidRE  = regexp.MustCompile(`^invalid value "(.*)" for flag -([\w-]+): (.*)$`)
+	flagUnknownRE  = regexp.MustCompile(`^flag provided but not defined: -+([\w-]+)$`)
+	flagNoValueRE  = regexp.MustCompile(`^flag needs an argument: -+([\w-]+)$`)
+	flagBadBoolMsg = "parse error"
+)
+
+// flagError rewrites a parse error of the flag package.
+func flagError(err error) string {
+	msg := err.Error()
+	if m := flagInvalidRE.FindStringSubmatch(msg); m != nil {
+		why := m[3]
+		if why == flagBadBoolMsg {
+			why = "not a valid value"
+		}
+		return fmt.Sprintf("--%s %q: %s", m[2], m[1], why)
+	}
+	if m := flagUnknownRE.FindStringSubmatch(msg); m != nil {
+		return "unknown flag --" + m[1]
+	}
+	if m := flagNoValueRE.FindStringSubmatch(msg); m != nil {
+		return "--" + m[1] + " needs a value"
+	}
+	return msg
 }
 
 // parse parses args; a parse error becomes a usage error naming --help.
@@ -254,20 +310,100 @@ func (e *env) parse(fs *flag.FlagSet, args []string) error {
 			e.printUsage(fs)
 			return err
 		}
-		return fail(ExitUsage, "%v (see %s --help)", err, fs.Name())
+		return fail(ExitUsage, "%s (see %s --help)", flagError(err), fs.Name())
 	}
 	return nil
+}
+
+// durationValue is a duration flag whose errors say what is wrong: a bare
+// number is a missing unit, not a "parse error".
+type durationValue time.Duration
+
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, value time.Duration, usage string) {
+	*p = value
+	fs.Var((*durationValue)(p), name, usage)
+}
+
+func (d *durationValue) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+			return fmt.Errorf("missing unit, e.g. %ss", s)
+		}
+		return errors.New("not a duration, e.g. 30s, 5m or 1h30m")
+	}
+	*d = durationValue(v)
+	return nil
+}
+
+func (d *durationValue) String() string { return fmtDuration(time.Duration(*d)) }
+
+// fmtDuration writes d as people do: 24h, 1h30m, 10m, 1s, 1ms (Go's
+// String writes 24h0m0s).
+func fmtDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// checkTTL checks a --ttl against [lo, hi], in words.
+func checkTTL(ttl, lo, hi time.Duration) error {
+	if ttl < lo || ttl > hi {
+		return fail(ExitUsage, "--ttl %s: must be from %s to %s", fmtDuration(ttl), fmtDuration(lo), fmtDuration(hi))
+	}
+	return nil
+}
+
+// prefixRE matches the package prefixes that wrapped errors stack up
+// ("sqllock/postgres: acquire: sqllock: ..."); a message prints its
+// command's name once and the rest without them.
+var prefixRE = regexp.MustCompile(`(^|: )(?:sqllock/postgres|sqllock/sqlite|sqllock|sqlite|migrations|sqlident): `)
+
+func stripPrefixes(msg string) string {
+	for {
+		out := prefixRE.ReplaceAllString(msg, "$1")
+		if out == msg {
+			return out
+		}
+		msg = out
+	}
 }
 
 // dbFlags are the flags every database command has.
 type dbFlags struct {
 	url, table, schema string
+	connectTimeout     time.Duration
 }
 
 func (f *dbFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "database-url", "", "`URL` of the database (default $SQLLOCK_DATABASE_URL, else the embedded SQLite file)")
 	fs.StringVar(&f.table, "table", "", "lock `table` name (default sqllock_locks)")
 	fs.StringVar(&f.schema, "schema", "", "PostgreSQL `schema` of the lock table (default: the search_path)")
+	durationVar(fs, &f.connectTimeout, "connect-timeout", 0, "PostgreSQL: how long connecting may take; it also bounds run's single attempt (without --wait) and each statement of list and release (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 5s)")
+}
+
+// validate checks --table and --schema before any I/O, by the rules the
+// backends and the migrations share.
+func (f *dbFlags) validate() error {
+	if f.connectTimeout < 0 {
+		return fail(ExitUsage, "--connect-timeout %v: must not be negative", f.connectTimeout)
+	}
+	if f.table != "" {
+		if err := sqlident.ValidateTable(f.table); err != nil {
+			return fail(ExitUsage, "--table: %v", err)
+		}
+	}
+	if f.schema != "" {
+		if err := sqlident.Validate(f.schema); err != nil {
+			return fail(ExitUsage, "--schema: %v", err)
+		}
+	}
+	return nil
 }
 
 // positiveDuration refuses negative durations with a usage error.

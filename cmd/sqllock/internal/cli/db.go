@@ -1,11 +1,11 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -27,8 +28,8 @@ import (
 const EnvDatabaseURL = "SQLLOCK_DATABASE_URL"
 
 // defaultConnectTimeout bounds a PostgreSQL connection attempt when neither
-// the URL (connect_timeout) nor PGCONNECT_TIMEOUT sets one.
-const defaultConnectTimeout = 10 * time.Second
+// --connect-timeout, the URL (connect_timeout) nor PGCONNECT_TIMEOUT sets one.
+const defaultConnectTimeout = 5 * time.Second
 
 // database is a resolved --database-url: which dialect, where, and how to
 // show it without its password.
@@ -42,9 +43,38 @@ type database struct {
 	defaultPath bool
 }
 
+// database validates the flags and resolves the database; see
+// resolveDatabase.
+func (e *env) database(f dbFlags) (*database, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	d, err := e.resolveDatabase(f.url)
+	if err != nil {
+		return nil, err
+	}
+	if d.pg != nil && f.connectTimeout > 0 {
+		d.pg.ConnConfig.ConnectTimeout = f.connectTimeout
+	}
+	return d, nil
+}
+
 // resolveDatabase picks the database by precedence: the flag, then
 // $SQLLOCK_DATABASE_URL, then the embedded SQLite default. It does no I/O
 // (except reading libpq's password file, as pgx does).
+//
+// The forms accepted, and nothing else:
+//
+//	postgres://... or postgresql://...   PostgreSQL URL
+//	host=... dbname=... user=...         PostgreSQL keyword/value string
+//	sqlite:PATH                          SQLite file
+//	a path with a "/" or ending in .db, .sqlite, .sqlite3 or .db3,
+//	and without "="                      SQLite file
+//
+// Anything else (a bare word such as "locks", a string with "=" that names
+// no connection keyword) is refused as ambiguous, with how to write it: a
+// connection string must never silently become a SQLite file of that name,
+// where a lock would exclude nobody on another host.
 func (e *env) resolveDatabase(flagURL string) (*database, error) {
 	raw := flagURL
 	if raw == "" {
@@ -61,18 +91,7 @@ func (e *env) resolveDatabase(flagURL string) (*database, error) {
 	switch {
 	case scheme == "postgres" || scheme == "postgresql":
 		raw = scheme + raw[len(scheme):] // pgx wants the scheme in lower case
-		e.addSecretsFromURL(raw)
-		cfg, err := pgxpool.ParseConfig(raw)
-		if err != nil {
-			return nil, fail(ExitConfig, "bad PostgreSQL URL %s: %v", displayURL(raw), err)
-		}
-		if cfg.ConnConfig.Password != "" {
-			e.secrets = append(e.secrets, cfg.ConnConfig.Password)
-		}
-		if cfg.ConnConfig.ConnectTimeout == 0 {
-			cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
-		}
-		return &database{dialect: migrations.Postgres, pg: cfg, display: displayURL(raw)}, nil
+		return parsePostgres(raw, "URL")
 	case scheme == "sqlite":
 		rest = strings.TrimPrefix(rest, "//") // sqlite:///abs/path and sqlite://rel/path
 		if rest == "" {
@@ -80,9 +99,48 @@ func (e *env) resolveDatabase(flagURL string) (*database, error) {
 		}
 		return &database{dialect: migrations.SQLite, path: rest, display: "sqlite:" + rest}, nil
 	case hasScheme:
-		return nil, fail(ExitConfig, "unsupported database URL scheme %q in %s: want postgres://, postgresql://, sqlite:PATH or a file path", scheme, displayURL(raw))
+		return nil, fail(ExitConfig, "unsupported database URL scheme %q in %s: want postgres://, postgresql://, host=... (keyword/value), sqlite:PATH or a file path", scheme, redact(raw))
+	case strings.Contains(raw, "="):
+		if !hasConnKeyword(raw) {
+			return nil, fail(ExitConfig, "database %q is ambiguous: it has \"=\" but names no PostgreSQL connection keyword (host, port, dbname, user, service); write sqlite:%s for a SQLite file of that name", redact(raw), redact(raw))
+		}
+		return parsePostgres(raw, "keyword/value string")
+	case looksLikePath(raw):
+		return &database{dialect: migrations.SQLite, path: raw, display: "sqlite:" + raw}, nil
 	}
-	return &database{dialect: migrations.SQLite, path: raw, display: "sqlite:" + raw}, nil
+	return nil, fail(ExitConfig, "database %q is ambiguous: write sqlite:%s (or ./%s) for a SQLite file, or postgres://... or host=... dbname=... for PostgreSQL", raw, raw, raw)
+}
+
+// parsePostgres parses a PostgreSQL URL or keyword/value string; what says
+// which, for messages.
+func parsePostgres(raw, what string) (*database, error) {
+	cfg, err := pgxpool.ParseConfig(raw)
+	if err != nil {
+		return nil, fail(ExitConfig, "bad PostgreSQL %s %s: %v", what, redact(raw), err)
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
+	}
+	return &database{dialect: migrations.Postgres, pg: cfg, display: redact(raw)}, nil
+}
+
+// connKeywordRE finds the libpq keywords that make a string a connection
+// string: without one, "a=b.db" is not PostgreSQL either.
+var connKeywordRE = regexp.MustCompile(`(?:^|\s)(?:host|hostaddr|port|dbname|user|service)\s*=`)
+
+func hasConnKeyword(s string) bool { return connKeywordRE.MatchString(s) }
+
+// looksLikePath reports whether s is unmistakably a file path: it has a
+// directory separator or a SQLite file extension.
+func looksLikePath(s string) bool {
+	if strings.ContainsRune(s, '/') || strings.ContainsRune(s, filepath.Separator) {
+		return true
+	}
+	switch strings.ToLower(filepath.Ext(s)) {
+	case ".db", ".sqlite", ".sqlite3", ".db3":
+		return true
+	}
+	return false
 }
 
 var schemeRE = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*):`)
@@ -97,52 +155,24 @@ func splitScheme(s string) (scheme, rest string, ok bool) {
 	return strings.ToLower(m[1]), s[len(m[0]):], true
 }
 
-// addSecretsFromURL remembers the passwords in a URL (user info and a
-// password parameter) so that no message shows them, even if the URL does
-// not parse.
-func (e *env) addSecretsFromURL(raw string) {
-	if u, err := url.Parse(raw); err == nil {
-		if pw, ok := u.User.Password(); ok && pw != "" {
-			e.secrets = append(e.secrets, pw)
-		}
-		if pw := u.Query().Get("password"); pw != "" {
-			e.secrets = append(e.secrets, pw)
-		}
-	}
-	if m := userinfoRE.FindStringSubmatch(raw); m != nil && m[2] != "" {
-		e.secrets = append(e.secrets, m[2])
-	}
-	if pw := e.getenv("PGPASSWORD"); pw != "" {
-		e.secrets = append(e.secrets, pw)
-	}
-}
-
 var (
-	// userinfoRE matches the password in scheme://user:password@host.
-	userinfoRE = regexp.MustCompile(`(://[^:/?#@\s]*:)([^@\s]*)@`)
-	// passwordRE matches password=... in a query or keyword/value string.
+	// userinfoRE matches the password in scheme://user:password@host: from
+	// the first ':' after the user name to the last '@' of the URL (a
+	// password may hold an unescaped '@').
+	userinfoRE = regexp.MustCompile(`(://[^:/?#@\s]*:)\S*@`)
+	// passwordRE matches the value of password=... (and sslpassword=...) in
+	// a URL query or a keyword/value string, quoted or not.
 	passwordRE = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]+)`)
 )
 
-// redact removes passwords from msg: every known secret (also in its URL
-// encodings), any user-info password and any password=... parameter.
-func redact(msg string, secrets []string) string {
-	for _, s := range secrets {
-		if s == "" {
-			continue
-		}
-		for _, v := range []string{s, url.QueryEscape(s), url.PathEscape(s), url.UserPassword("u", s).String()[2:]} {
-			if v != "" {
-				msg = strings.ReplaceAll(msg, v, "xxxxx")
-			}
-		}
-	}
+// redact replaces the password fields of the URLs and keyword/value
+// strings in msg with xxxxx: the user-info password and password
+// parameters. It touches nothing else: a password is never searched for as
+// text (that garbled every message containing its letters).
+func redact(msg string) string {
 	msg = userinfoRE.ReplaceAllString(msg, "${1}xxxxx@")
 	return passwordRE.ReplaceAllString(msg, "${1}xxxxx")
 }
-
-// displayURL returns raw without its password, for messages.
-func displayURL(raw string) string { return redact(raw, nil) }
 
 // defaultPath returns the embedded SQLite file's path: $XDG_STATE_HOME/
 // sqllock/locks.db, else ~/.local/state/sqllock/locks.db on Unix-like
@@ -198,7 +228,7 @@ func (d *database) prepareSQLite() error {
 		return nil
 	}
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return fail(ExitUnavailable, "cannot open %s: directory %s does not exist (create it, or use another path)", d.display, dir)
+		return fail(ExitConfig, "cannot open %s: directory %s does not exist (create it, or use another path)", d.display, dir)
 	}
 	return nil
 }
@@ -240,7 +270,8 @@ func (e *env) openBackend(ctx context.Context, d *database, f dbFlags, maxConns 
 	}
 }
 
-// connectPG opens a pool and checks that the server answers.
+// connectPG opens a pool and checks that the server answers, within the
+// connect timeout and ctx's deadline, whichever ends first.
 func (e *env) connectPG(ctx context.Context, d *database, maxConns int) (*pgxpool.Pool, error) {
 	cfg := d.pg.Copy()
 	if maxConns > 0 {
@@ -250,16 +281,63 @@ func (e *env) connectPG(ctx context.Context, d *database, maxConns int) (*pgxpoo
 	if err != nil {
 		return nil, fail(ExitConfig, "PostgreSQL at %s: %v", d.display, err)
 	}
-	pctx, cancel := context.WithTimeout(ctx, cfg.ConnConfig.ConnectTimeout+2*time.Second)
+	bound, why := cfg.ConnConfig.ConnectTimeout, "the connect timeout"
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < bound {
+		bound, why = time.Until(dl), "the command's --wait"
+	}
+	pctx, cancel := context.WithTimeout(ctx, cfg.ConnConfig.ConnectTimeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, ctx.Err() // interrupted
 		}
-		return nil, fail(ExitUnavailable, "cannot reach PostgreSQL at %s: %v (check the URL, the PG* variables and that the server is up)", d.display, err)
+		if pctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+			return nil, fail(ExitUnavailable, "cannot reach PostgreSQL at %s: no answer within %v (%s)",
+				d.display, bound.Round(100*time.Millisecond), why)
+		}
+		return nil, fail(ExitUnavailable, "cannot reach PostgreSQL at %s: %s (check the URL, the PG* variables and that the server is up)", d.display, connectErrorText(err))
 	}
 	return pool, nil
+}
+
+// connectErrorText is pgx's connect error without its repetitions: pgx
+// lists every attempt (with and without TLS, each address), and they often
+// fail the same way.
+func connectErrorText(err error) string {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return err.Error()
+	}
+	var parts []string
+	seen := map[string]bool{}
+	var add func(error)
+	add = func(err error) {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				add(e)
+			}
+			return
+		}
+		if t := err.Error(); !seen[t] {
+			seen[t] = true
+			parts = append(parts, t)
+		}
+	}
+	if inner := ce.Unwrap(); inner != nil {
+		add(inner)
+	}
+	return fmt.Sprintf("user=%s database=%s: %s", ce.Config.User, ce.Config.Database, strings.Join(parts, "; "))
+}
+
+// opContext bounds one statement of a command that sends a few (list,
+// release) by the connect timeout: a server that stopped answering fails
+// the command instead of hanging it. SQLite bounds its own waits.
+func (d *database) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d.pg == nil {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d.pg.ConnConfig.ConnectTimeout)
 }
 
 // openSQL opens a database/sql handle for the migrations.
@@ -294,13 +372,38 @@ func (e *env) openSQL(ctx context.Context, d *database, schema string) (*sql.DB,
 
 func (e *env) openError(d *database, err error) error {
 	code := ExitUnavailable
-	if errors.Is(err, sqlite.ErrInMemory) {
+	if errors.Is(err, sqlite.ErrInMemory) || errors.Is(err, sqlite.ErrUnusable) {
 		code = ExitConfig
 	}
 	if errors.Is(err, migrations.ErrInvalidIdentifier) {
 		code = ExitUsage
 	}
 	return fail(code, "cannot open %s: %v", d.display, err)
+}
+
+// opError turns an error of an operation on the open backend into one that
+// says what to do: a missing lock table names the exact migrate command
+// (with --table and --schema as given), and a SQLite file that cannot be
+// used is a configuration error (waiting would not heal it).
+func (d *database) opError(err error, f dbFlags) error {
+	switch {
+	case errors.Is(err, sqllock.ErrSchemaMissing):
+		table := cmp.Or(f.table, migrations.DefaultTable)
+		if f.schema != "" {
+			table = f.schema + "." + table
+		}
+		cmd := "sqllock migrate up"
+		if f.table != "" {
+			cmd += " --table " + f.table
+		}
+		if f.schema != "" {
+			cmd += " --schema " + f.schema
+		}
+		return fail(ExitConfig, "lock table %s is missing in %s; create it once, run: %s (with the same --database-url)", table, d.display, cmd)
+	case errors.Is(err, sqlite.ErrUnusable):
+		return fail(ExitConfig, "%s: %v", d.display, err)
+	}
+	return err
 }
 
 // describe is the database as shown in messages.

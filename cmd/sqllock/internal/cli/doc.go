@@ -5,19 +5,28 @@
 //
 //	sqllock migrate up|down|status|sql [--table T] [--schema S] [--force] [--dialect D]
 //	sqllock run --key K [--ttl 30s] [--wait 0] [--grace 10s] [--table T] -- CMD ARGS...
-//	sqllock list [--prefix P] [--json]
+//	sqllock list [--prefix P] [--json] [--watch]
 //	sqllock release --key K --force
 //	sqllock bench [--clients N] [--keys N] [--duration D] [--workload uncontended|hot|handoff|all] [--json]
 //
-// Every command takes --database-url; else $SQLLOCK_DATABASE_URL is used,
+// bench works in its own table (sqllock_bench) unless --table names
+// another, so its rows never join the real locks.
+//
+// Every command takes --database-url and --connect-timeout (PostgreSQL,
+// default 5s: connecting, run's single attempt without --wait, and each
+// statement of list and release; run --wait bounds everything before the
+// command starts); else $SQLLOCK_DATABASE_URL is used,
 // else an embedded SQLite file in the user's state directory
 // ($XDG_STATE_HOME/sqllock/locks.db, else ~/.local/state/sqllock/locks.db;
 // ~/Library/Application Support/sqllock on macOS, %LocalAppData%\sqllock on
 // Windows), created on first use with its directory (0700). postgres:// and
 // postgresql:// URLs select PostgreSQL (libpq PG* variables fill in what the
-// URL leaves out, as pgxpool.ParseConfig does); sqlite:PATH or a plain path
-// select SQLite; any other scheme is a configuration error. A password is
-// never printed, in errors neither.
+// URL leaves out, as pgxpool.ParseConfig does), and so does a keyword/value
+// string (host=... dbname=...); sqlite:PATH, or a path with a "/" or a
+// .db/.sqlite/.sqlite3 extension and no "=", selects SQLite; anything else
+// (another scheme, a bare word) is a configuration error, never guessed. A
+// password is never printed, in errors neither: the password field of a URL
+// or connection string is shown as xxxxx.
 //
 // # run
 //
@@ -41,11 +50,13 @@
 //	0        success; for run, the command's own status
 //	1        [ExitFailure]: the operation failed for another reason
 //	64       [ExitUsage] (EX_USAGE): bad flag or argument, missing --key,
-//	         invalid key, duration or table name, --force missing
+//	         invalid key, duration or table name, --force missing, run
+//	         --ttl below 1s
 //	69       [ExitUnavailable] (EX_UNAVAILABLE): the database cannot be
-//	         reached or opened
+//	         reached, or stayed busy; waiting may heal it
 //	75       [ExitTempFail] (EX_TEMPFAIL): run: not acquired (held by another,
-//	         or --wait elapsed); release: a newer holder took the key between
+//	         or --wait elapsed), or the lease was lost before the command
+//	         started, so it was not started; release: a newer holder took the key between
 //	         reading and releasing, and was left alone. Retrying may succeed.
 //	76       [ExitLeaseLost] (EX_PROTOCOL): run: the lease was lost while the
 //	         command ran, and the command was stopped. sysexits.h has no code
@@ -54,8 +65,10 @@
 //	         so that both lock outcomes are easy to tell from the command's
 //	         own small statuses. It wins over the command's own status: the
 //	         command's work may have overlapped another holder's.
-//	78       [ExitConfig] (EX_CONFIG): unknown URL scheme, unparsable URL, or
-//	         the lock table is missing (PostgreSQL: run `sqllock migrate up`)
+//	78       [ExitConfig] (EX_CONFIG): unknown URL scheme, unparsable URL,
+//	         the lock table is missing (PostgreSQL: run `sqllock migrate up`),
+//	         or a SQLite file that waiting cannot make usable: read-only, not
+//	         a database, or in a directory that does not exist
 //	126      [ExitCannotExec]: run: the command could not be started
 //	127      [ExitNotFound]: run: the command was not found
 //	128+N    run: the command died by signal N (as shells report it), or

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"text/tabwriter"
 	"time"
 
@@ -12,7 +14,7 @@ import (
 )
 
 const listUsage = `
-Usage: sqllock list [--prefix P] [--json] [flags]
+Usage: sqllock list [--prefix P] [--json] [--watch] [flags]
 
 Lists the keys of the lock table (those starting with --prefix), released
 and expired ones included: key, whether it is held, the owner of the latest
@@ -22,9 +24,15 @@ database clock.
 --json prints an array of objects with the fields
   key, held, owner, token, deadline (RFC 3339, database clock), remaining_ms
 
+--watch lists again every second until interrupted (Ctrl-C, exit 0): to
+watch a deploy lock while waiting for it. On a terminal the screen is
+cleared before each list; a database error is reported and watching goes
+on, except for a missing lock table.
+
 Examples:
   sqllock list
   sqllock list --prefix deploy/ --json
+  sqllock list --prefix deploy/ --watch
 `
 
 // lockJSON is one entry of `list --json`; the field names are stable.
@@ -42,10 +50,12 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 		db     dbFlags
 		prefix string
 		asJSON bool
+		watch  bool
 	)
 	fs := e.flagSet("list", listUsage)
 	fs.StringVar(&prefix, "prefix", "", "list only keys starting with `prefix`")
 	fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	fs.BoolVar(&watch, "watch", false, "list again every second until interrupted (Ctrl-C); with --json, one array per line")
 	db.register(fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
@@ -56,7 +66,7 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 	if err := sqllock.ValidatePrefix(prefix); err != nil {
 		return fail(ExitUsage, "--prefix: %v", err)
 	}
-	d, err := e.resolveDatabase(db.url)
+	d, err := e.database(db)
 	if err != nil {
 		return err
 	}
@@ -65,9 +75,47 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer b.close()
-	infos, err := b.List(ctx, prefix)
+	if !watch {
+		return e.listOnce(ctx, d, b, db, prefix, asJSON, false)
+	}
+	// --watch: again every second until interrupted. A terminal is
+	// cleared before each list; elsewhere the lists follow each other.
+	clearScreen := isTerminal(e.stdout) && !asJSON
+	tick := time.NewTicker(watchInterval)
+	defer tick.Stop()
+	for {
+		if clearScreen {
+			fmt.Fprint(e.stdout, "\033[H\033[2J")
+		}
+		err := e.listOnce(ctx, d, b, db, prefix, asJSON, true)
+		switch {
+		case ctx.Err() != nil:
+			return nil // interrupted: the way to end --watch
+		case errors.Is(err, sqllock.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+			// A blip while watching: say so and keep watching.
+			e.errorf("sqllock list: %s", stripPrefixes(err.Error()))
+		case err != nil:
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// watchInterval is how often list --watch lists again.
+const watchInterval = time.Second
+
+// listOnce prints the list once: a table (under a timestamp line when
+// watching), or a JSON array (on one line when watching).
+func (e *env) listOnce(ctx context.Context, d *database, b *backend, db dbFlags, prefix string, asJSON, watching bool) error {
+	lctx, cancel := d.opContext(ctx)
+	infos, err := b.List(lctx, prefix)
+	cancel()
 	if err != nil {
-		return listError(err)
+		return d.opError(err, db)
 	}
 	if asJSON {
 		out := make([]lockJSON, 0, len(infos))
@@ -76,8 +124,13 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 				Deadline: in.Deadline.UTC(), RemainingMS: in.Remaining.Milliseconds()})
 		}
 		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
+		if !watching {
+			enc.SetIndent("", "  ")
+		}
 		return enc.Encode(out)
+	}
+	if watching {
+		fmt.Fprintf(e.stdout, "%s  %s (every %v; Ctrl-C to stop)\n", time.Now().Format(time.TimeOnly), d.display, watchInterval)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tHELD\tOWNER\tTOKEN\tTIME LEFT")
@@ -88,12 +141,21 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", in.Key, held, in.Owner, in.Token, left)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if watching {
+		fmt.Fprintln(e.stdout)
+	}
+	return nil
 }
 
-func listError(err error) error {
-	if errors.Is(err, sqllock.ErrSchemaMissing) {
-		return fail(ExitConfig, "%v", err)
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
-	return err
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -71,7 +73,7 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 		}
 		d := migrations.Dialect(dialect)
 		if dialect == "" {
-			res, err := e.resolveDatabase(db.url)
+			res, err := e.database(db)
 			if err != nil {
 				return err
 			}
@@ -99,7 +101,7 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 	default:
 		return fail(ExitUsage, "unknown action %q: want up, down, status or sql", action)
 	}
-	res, err := e.resolveDatabase(db.url)
+	res, err := e.database(db)
 	if err != nil {
 		return err
 	}
@@ -110,10 +112,27 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 	defer closeDB()
 	switch action {
 	case "up":
+		// What is pending now is what Up applies (another process may
+		// apply it first; then this report claims it all the same).
+		var pending []string
+		if st, err := migrations.Status(ctx, res.dialect, sqlDB, opts); err == nil {
+			for _, m := range st {
+				if m.State == goose.StatePending {
+					pending = append(pending, fmt.Sprintf("version %d (%s)", m.Source.Version, filepath.Base(m.Source.Path)))
+				}
+			}
+		}
 		if err := migrations.Up(ctx, res.dialect, sqlDB, opts); err != nil {
 			return migrateError(err)
 		}
-		fmt.Fprintf(e.stdout, "lock table %s is up to date in %s\n", tableName(opts), res.display)
+		switch len(pending) {
+		case 0:
+			fmt.Fprintf(e.stdout, "lock table %s is up to date in %s; nothing to apply\n", tableName(opts), res.display)
+		case 1:
+			fmt.Fprintf(e.stdout, "applied 1 migration to lock table %s in %s: %s\n", tableName(opts), res.display, pending[0])
+		default:
+			fmt.Fprintf(e.stdout, "applied %d migrations to lock table %s in %s: %s\n", len(pending), tableName(opts), res.display, strings.Join(pending, ", "))
+		}
 		return nil
 	case "down":
 		if err := migrations.Down(ctx, res.dialect, sqlDB, opts); err != nil {

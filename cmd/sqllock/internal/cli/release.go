@@ -55,7 +55,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	if err := sqllock.ValidateKey(key); err != nil {
 		return fail(ExitUsage, "--key: %v", err)
 	}
-	d, err := e.resolveDatabase(db.url)
+	d, err := e.database(db)
 	if err != nil {
 		return err
 	}
@@ -65,9 +65,11 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	}
 	defer b.close()
 
-	infos, err := b.List(ctx, key)
+	lctx, cancel := d.opContext(ctx)
+	infos, err := b.List(lctx, key)
+	cancel()
 	if err != nil {
-		return listError(err)
+		return d.opError(err, db)
 	}
 	var info *sqllock.LockInfo
 	for i := range infos {
@@ -85,7 +87,9 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	// Token-scoped: this never ends a newer lease granted since the List.
 	// Under its own owner, so the holder's later Release reports the loss
 	// (and who released) instead of taking it for its own repeat.
-	err = b.Release(ctx, sqllock.Lease{Key: key, Token: info.Token, Owner: forcedOwner()})
+	rctx, cancel := d.opContext(ctx)
+	err = b.Release(rctx, sqllock.Lease{Key: key, Token: info.Token, Owner: forcedOwner()})
+	cancel()
 	var lost *sqllock.LostError
 	switch {
 	case err == nil:
@@ -96,7 +100,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "%q (token %d) was already %s; it is free\n", key, info.Token, lost.Reason)
 		return nil
 	default:
-		return fmt.Errorf("release %q: %w", key, err)
+		return d.opError(fmt.Errorf("release %q: %w", key, err), db)
 	}
 	fmt.Fprintf(e.stdout, "released %q (token %d, held by %s); the next holder gets a larger token\n", key, info.Token, info.Owner)
 	return nil

@@ -43,12 +43,14 @@ Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
      loses the lock, and COMMAND is then stopped as after any loss).
 
 Exit status: COMMAND's own (128+N if it died by signal N), except
-  75   not acquired: KEY is held by another (or --wait elapsed)
+  75   not acquired: KEY is held by another (or --wait elapsed), or the
+       lease was lost before COMMAND started; COMMAND was not started
   76   the lease was lost while COMMAND ran; COMMAND was stopped (this wins
        over COMMAND's own status: its work may have overlapped another
        holder's)
-  64   usage error; 69 database unreachable; 78 configuration error or lock
-       table missing (PostgreSQL: run "sqllock migrate up")
+  64   usage error; 69 database unreachable; 78 configuration error: lock
+       table missing (PostgreSQL: run "sqllock migrate up"), or a SQLite
+       file that is read-only, not a database or in a missing directory
   126  COMMAND could not be started; 127 COMMAND not found
 
 Examples:
@@ -59,6 +61,9 @@ Examples:
 
 // Default timings of `run`.
 const (
+	// minRunTTL is the shortest --ttl: below it a renewal round trip (every
+	// ttl/3) cannot be relied on to land before the lease expires.
+	minRunTTL    = time.Second
 	defaultGrace = 10 * time.Second
 	// releaseTimeout bounds the release after COMMAND exited; the lease
 	// expires by itself anyway.
@@ -72,15 +77,20 @@ type runFlags struct {
 	grace      time.Duration
 	command    []string
 	commandRaw string // COMMAND as given, for messages
+	// waitLeft is what is left of --wait after connecting.
+	waitLeft time.Duration
+	// attemptTimeout bounds the single acquire attempt of --wait 0 (0: no
+	// bound).
+	attemptTimeout time.Duration
 }
 
 func cmdRun(ctx context.Context, e *env, args []string) error {
 	var f runFlags
 	fs := e.flagSet("run", runUsage)
 	fs.StringVar(&f.key, "key", "", "the lock's `key` (required)")
-	fs.DurationVar(&f.ttl, "ttl", sqllock.DefaultTTL, "lease duration; renewed every ttl/3 while COMMAND runs")
-	fs.DurationVar(&f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
-	fs.DurationVar(&f.grace, "grace", defaultGrace, "after a lost lease, time between SIGTERM and SIGKILL")
+	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
+	durationVar(fs, &f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
+	durationVar(fs, &f.grace, "grace", defaultGrace, "after a lost lease, time between SIGTERM and SIGKILL")
 	f.db.register(fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
@@ -95,8 +105,11 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	if err := sqllock.ValidateKey(f.key); err != nil {
 		return fail(ExitUsage, "--key: %v", err)
 	}
-	if err := sqllock.ValidateTTL(f.ttl); err != nil {
-		return fail(ExitUsage, "--ttl: %v", err)
+	if f.ttl < minRunTTL && f.ttl >= sqllock.MinTTL {
+		return fail(ExitUsage, "--ttl %s is too short: at least %s, so that the lease can be renewed (every ttl/3) while COMMAND runs", fmtDuration(f.ttl), fmtDuration(minRunTTL))
+	}
+	if err := checkTTL(f.ttl, minRunTTL, sqllock.MaxTTL); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		name string
@@ -123,13 +136,27 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	e.notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer e.stopNotify(sigs)
 
-	d, err := e.resolveDatabase(f.db.url)
+	d, err := e.database(f.db)
 	if err != nil {
 		return err
 	}
-	b, err := e.openBackend(ctx, d, f.db, 4)
+	// --wait bounds everything before COMMAND starts: connecting included.
+	// Without --wait, the one attempt is bounded by the connect timeout
+	// (PostgreSQL; SQLite bounds its own waits).
+	start := time.Now()
+	openCtx, cancelOpen := ctx, context.CancelFunc(func() {})
+	if f.wait > 0 {
+		openCtx, cancelOpen = context.WithDeadline(ctx, start.Add(f.wait))
+	} else if d.pg != nil {
+		f.attemptTimeout = d.pg.ConnConfig.ConnectTimeout
+	}
+	b, err := e.openBackend(openCtx, d, f.db, 4)
+	cancelOpen()
 	if err != nil {
 		return err
+	}
+	if f.wait > 0 {
+		f.waitLeft = max(time.Until(start.Add(f.wait)), time.Millisecond)
 	}
 	defer b.close()
 	client, err := sqllock.New(b, sqllock.Options{TTL: f.ttl, ReleaseTimeout: releaseTimeout})
@@ -140,10 +167,19 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 
 	g, err := e.acquire(ctx, client, f, sigs)
 	if err != nil {
-		return err
+		return d.opError(err, f.db)
 	}
 	return e.supervise(g, f, sigs)
 }
+
+// errAttemptTimeout ends an acquire attempt that got no answer in time.
+type errAttemptTimeout struct{ d time.Duration }
+
+func (e errAttemptTimeout) Error() string { return fmt.Sprintf("no answer within %v", e.d) }
+
+// beforeStart, when set (by tests), runs between the acquire and COMMAND's
+// start.
+var beforeStart func()
 
 // signalExit is how the acquire was interrupted.
 type signalExit struct{ sig os.Signal }
@@ -164,10 +200,18 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 	lockCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	acquired := make(chan struct{})
 	watcherDone := make(chan struct{})
+	var attemptTimeout <-chan time.Time
+	if f.attemptTimeout > 0 {
+		t := time.NewTimer(f.attemptTimeout)
+		defer t.Stop()
+		attemptTimeout = t.C
+	}
 	go func() {
 		defer close(watcherDone)
 		select {
 		case <-acquired:
+		case <-attemptTimeout:
+			cancel(errAttemptTimeout{f.attemptTimeout})
 		case s := <-sigs:
 			cancel(signalExit{s})
 		case <-ctx.Done():
@@ -191,7 +235,7 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 	if f.wait == 0 {
 		g, err = client.TryAcquire(lockCtx, f.key, opts)
 	} else {
-		opts.Wait = f.wait
+		opts.Wait = f.waitLeft
 		g, err = client.Acquire(lockCtx, f.key, opts)
 	}
 	close(acquired)
@@ -204,6 +248,10 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 			cancelRelease()
 		}
 		var se signalExit
+		var te errAttemptTimeout
+		if errors.As(cause, &te) {
+			return nil, fail(ExitUnavailable, "acquire %q: no answer from the database within %v (--connect-timeout); not run", f.key, te.d)
+		}
 		if errors.As(cause, &se) {
 			return nil, fail(exitSignalBase+signalNumber(se.sig), "%v while acquiring %q; not run", se.sig, f.key)
 		}
@@ -223,8 +271,9 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 			}
 			return nil, fail(ExitTempFail, "%s", msg)
 		}
-		if errors.Is(err, sqllock.ErrSchemaMissing) {
-			return nil, fail(ExitConfig, "%v", err)
+		if errors.Is(err, sqllock.ErrLeaseLost) {
+			// Granted, but over before it could be used: as not acquired.
+			return nil, fail(ExitTempFail, "acquire %q: the lease ended before %s could start (%v); not run", f.key, f.commandRaw, err)
 		}
 		return nil, fmt.Errorf("acquire %q: %w", f.key, err)
 	}
@@ -235,6 +284,7 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 // a silentExit (or an error to print).
 func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (retErr error) {
 	lease := g.Lease()
+	notStarted := false // lost before COMMAND started: already reported
 	defer func() {
 		// Release when COMMAND has exited (or could not start). A loss
 		// detected only now still means COMMAND's work may have overlapped.
@@ -244,7 +294,7 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 		var s silentExit
 		lostBefore := errors.As(retErr, &s) && int(s) == ExitLeaseLost
 		switch {
-		case rerr == nil || lostBefore:
+		case rerr == nil || lostBefore || notStarted:
 		case errors.Is(rerr, sqllock.ErrLeaseLost):
 			e.errorf("sqllock run: the lease on %q (token %d) had ended before %s exited: %v; its work may have overlapped another holder's",
 				f.key, lease.Token, f.commandRaw, rerr)
@@ -254,6 +304,7 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 		}
 	}()
 
+	var lost *sqllock.LostError
 	cmd := exec.Command(f.command[0], f.command[1:]...)
 	cmd.Args[0] = f.commandRaw
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = e.stdin, e.stdout, e.stderr
@@ -264,6 +315,17 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 	)
 	// Its own process group: a loss stops COMMAND's children too.
 	group := prepareGroup(cmd, e.stdin)
+	if beforeStart != nil {
+		beforeStart()
+	}
+	// Never start COMMAND without the lock: a lease lost since the
+	// acquire (renewals failed, or a forced release) means not run.
+	if errors.As(context.Cause(g.Context()), &lost) {
+		e.errorf("sqllock run: lost the lease on %q (token %d) before %s started: %s; not run",
+			f.key, lease.Token, f.commandRaw, lossReason(lost))
+		notStarted = true
+		return silentExit(ExitTempFail)
+	}
 	// Bounds the copying of non-file stdio after COMMAND exits (a child
 	// that keeps a pipe open); os.File stdio is passed directly.
 	cmd.WaitDelay = f.grace + time.Second
@@ -276,7 +338,6 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 	go func() { exited <- cmd.Wait() }()
 
 	var (
-		lost     *sqllock.LostError
 		graceC   <-chan time.Time
 		killed   bool
 		leaseEnd = g.Done()

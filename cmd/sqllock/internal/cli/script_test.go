@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/rogpeppe/go-internal/testscript"
 
+	"github.com/ashlock/ashlock/internal/faultproxy"
 	"github.com/ashlock/ashlock/internal/leakcheck"
 	"github.com/ashlock/ashlock/internal/pgtest"
 	"github.com/ashlock/ashlock/migrations"
@@ -40,6 +44,19 @@ func (l leakCheckedMain) Run() int {
 
 // sqllockMain is cmd/sqllock's main.
 func sqllockMain() {
+	if name := os.Getenv("SQLLOCKTEST_BEFORE_START"); name != "" {
+		// Holds run between the acquire and COMMAND's start: writes
+		// NAME.waiting and waits until NAME exists.
+		beforeStart = func() {
+			_ = os.WriteFile(name+".waiting", []byte("waiting\n"), 0o666)
+			for i := 0; i < 3000; i++ {
+				if _, err := os.Stat(name); err == nil {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
@@ -119,6 +136,7 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 		RequireUniqueNames:  true,
 		Setup: func(e *testscript.Env) error {
 			e.Setenv("HOME", filepath.Join(e.WorkDir, "home"))
+			e.Values[scriptT{}] = e.T()
 			return setup(e)
 		},
 		Condition: func(cond string) (bool, error) {
@@ -129,25 +147,46 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
-			"exitcode": cmdExitcode,
-			"waitfile": cmdWaitfile,
-			"gone":     cmdGone,
+			"exitcode":   cmdExitcode,
+			"waitfile":   cmdWaitfile,
+			"gone":       cmdGone,
+			"readonly":   cmdReadonly,
+			"blackhole":  cmdBlackhole,
+			"sleep":      cmdSleep,
+			"stallproxy": cmdStallproxy,
+			"kvdsn":      cmdKVDSN,
 		},
 	}
 }
 
-// exitcode N program args...: runs program like exec, and requires its exit
-// status to be N. stdout and stderr are kept for the next stdout/stderr
+// scriptT is the key of the script's testscript.T in Env.Values.
+type scriptT struct{}
+
+// exitcode [-within D] N program args...: runs program like exec, and
+// requires its exit status to be N (and, with -within, that it took at most
+// D). stdout and stderr are kept for the next stdout/stderr
 // commands.
 func cmdExitcode(ts *testscript.TestScript, neg bool, args []string) {
+	within := time.Duration(0)
+	if len(args) >= 2 && args[0] == "-within" {
+		d, err := time.ParseDuration(args[1])
+		if err != nil {
+			ts.Fatalf("exitcode: %v", err)
+		}
+		within, args = d, args[2:]
+	}
 	if neg || len(args) < 2 {
-		ts.Fatalf("usage: exitcode N program [args...]")
+		ts.Fatalf("usage: exitcode [-within D] N program [args...]")
 	}
 	want, err := strconv.Atoi(args[0])
 	if err != nil {
 		ts.Fatalf("exitcode: %v", err)
 	}
+	start := time.Now()
 	err = ts.Exec(args[1], args[2:]...)
+	if took := time.Since(start); within > 0 && took > within {
+		ts.Fatalf("exitcode: %s took %v, more than %v", args[1], took.Round(time.Millisecond), within)
+	}
 	got := 0
 	var ee *exec.ExitError
 	switch {
@@ -231,4 +270,103 @@ func alive(pid int) bool {
 	}
 	m := regexp.MustCompile(`\) (\S)`).FindSubmatch(stat)
 	return m == nil || string(m[1]) != "Z"
+}
+
+// readonly file: makes file read-only for this process, also when it runs
+// as root (which ignores permission bits): then with chattr +i, undone when
+// the script ends. Skips the script if neither works.
+func cmdReadonly(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: readonly file")
+	}
+	name := ts.MkAbs(args[0])
+	ts.Check(os.Chmod(name, 0o444))
+	if os.Geteuid() != 0 {
+		return
+	}
+	if out, err := exec.Command("chattr", "+i", name).CombinedOutput(); err != nil {
+		ts.Logf("running as root and chattr +i failed (%v: %s): cannot make a file read-only", err, out)
+		ts.Value(scriptT{}).(testscript.T).Skip("cannot make a file read-only")
+	}
+	ts.Defer(func() { _ = exec.Command("chattr", "-i", name).Run() })
+}
+
+// blackhole VAR: listens on a local TCP port, accepts every connection and
+// never answers (a server that hangs, or a firewall that swallows), and sets
+// $VAR to its host:port. It stops when the script ends.
+func cmdBlackhole(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: blackhole VAR")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ts.Check(err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // held open, never read or written
+		}
+	}()
+	ts.Defer(func() {
+		_ = ln.Close()
+		<-done
+	})
+	ts.Setenv(args[0], ln.Addr().String())
+}
+
+// sleep D: waits for the duration D.
+func cmdSleep(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: sleep duration")
+	}
+	d, err := time.ParseDuration(args[0])
+	ts.Check(err)
+	time.Sleep(d)
+}
+
+// stallproxy VAR PATTERN: puts a proxy between the script and the
+// PostgreSQL of $SQLLOCK_DATABASE_URL that passes everything until a
+// request containing PATTERN goes through, and then never delivers that
+// connection's replies (a server that stalls mid-statement). $VAR is set to
+// the database URL through the proxy.
+func cmdStallproxy(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: stallproxy VAR PATTERN")
+	}
+	u, err := url.Parse(ts.Getenv(EnvDatabaseURL))
+	ts.Check(err)
+	p, err := faultproxy.New(u.Host)
+	ts.Check(err)
+	ts.Defer(func() { _ = p.Close() })
+	p.BlackholeRepliesAfter([]byte(args[1]))
+	u.Host = p.Addr()
+	ts.Setenv(args[0], u.String())
+}
+
+// kvdsn VAR: sets $VAR to $SQLLOCK_DATABASE_URL (a PostgreSQL URL) written
+// in keyword/value form: host=... port=... user=... dbname=... and its query
+// parameters as keywords.
+func cmdKVDSN(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: kvdsn VAR")
+	}
+	u, err := url.Parse(ts.Getenv(EnvDatabaseURL))
+	ts.Check(err)
+	kv := []string{"host=" + u.Hostname(), "port=" + u.Port(), "user=" + u.User.Username(), "dbname=" + strings.TrimPrefix(u.Path, "/")}
+	for k, vs := range u.Query() {
+		for _, v := range vs {
+			kv = append(kv, k+"="+v)
+		}
+	}
+	ts.Setenv(args[0], strings.Join(kv, " "))
 }
