@@ -16,7 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ashlock/ashlock/internal/mutant"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -119,9 +118,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	now := b.now()
 	e := b.keys[l.Key]
 	if lost := lostReason(e, l, now); lost != nil {
-		if !(mutant.On(mutant.RenewIgnoresToken) && e != nil && e.held && now.Before(e.deadline)) {
-			return sqllock.Lease{}, lost
-		}
+		return sqllock.Lease{}, lost
 	}
 	e.deadline = now.Add(ttl)
 	return b.lease(l.Key, e, now, sent, ttl), nil
@@ -163,9 +160,6 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if e != nil && e.token == l.Token && e.held {
 		e.held = false
 		e.owner = l.Owner
-		if mutant.On(mutant.ReleaseDeletesRow) {
-			delete(b.keys, l.Key)
-		}
 		b.signal(l.Key)
 	}
 	if lost != nil {

@@ -5,14 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/ashlock/ashlock/internal/mutant"
 )
 
 // Client takes leases from a [Backend] and keeps them alive. It is safe for
@@ -65,7 +62,7 @@ func New(b Backend, opts Options) (*Client, error) {
 	}
 	return &Client{
 		b: b, opts: opts, log: log, owner: opts.Owner,
-		instance: ownerInstance(opts.Owner),
+		instance: ownerInstance(),
 		closing:  make(chan struct{}),
 		guards:   make(map[*Guard]struct{}),
 	}, nil
@@ -78,14 +75,8 @@ func New(b Backend, opts Options) (*Client, error) {
 func (c *Client) Owner() string { return c.owner }
 
 // ownerInstance draws the per-Client part of lease owners: 48 random bits.
-func ownerInstance(owner string) string {
-	n := rand.Uint64()
-	if mutant.DeterministicOwners() {
-		h := fnv.New64a()
-		h.Write([]byte(owner))
-		n = h.Sum64()
-	}
-	return fmt.Sprintf("%012x", n>>16)
+func ownerInstance() string {
+	return fmt.Sprintf("%012x", rand.Uint64()>>16)
 }
 
 // ownerSuffixLen bounds what request appends to the owner name:

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/ashlock/ashlock/internal/mutant"
 )
 
 // Guard is one held lease and its watchdog. The watchdog renews the lease
@@ -51,7 +49,7 @@ type Guard struct {
 var errRenewTooLate = errors.New("sqllock: renewal succeeded after the local deadline")
 
 func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s settings) (*Guard, error) {
-	if mutant.On(mutant.DeadlineFromReply) {
+	if mutantOn(mutantDeadlineFromReply) {
 		sent, l.LocalDeadline = time.Now(), time.Time{}
 	}
 	local := earliest(l.LocalDeadline, sent.Add(s.ttl)).Add(-s.margin)
@@ -164,7 +162,7 @@ func (g *Guard) renew(ctx context.Context) (Lease, error) {
 	defer cancel()
 	sent := time.Now()
 	l, err := g.c.b.TryRenew(rctx, lease, g.s.ttl)
-	if mutant.On(mutant.DeadlineFromReply) {
+	if mutantOn(mutantDeadlineFromReply) {
 		sent, l.LocalDeadline = time.Now(), time.Time{}
 	}
 
@@ -257,7 +255,7 @@ func (g *Guard) watchdog(sent time.Time) {
 		case err == nil:
 			attempt = 0
 			t.Reset(time.Until(sent.Add(g.s.interval)))
-		case errors.Is(err, ErrLeaseLost) && mutant.On(mutant.GuardIgnoresLoss):
+		case errors.Is(err, ErrLeaseLost) && mutantOn(mutantGuardIgnoresLoss):
 			t.Reset(g.s.interval)
 		case errors.Is(err, ErrLeaseLost):
 			g.lose(err)

@@ -7,7 +7,8 @@
 //
 // One [DB] stands for one database; each client gets its own [Backend] from
 // [DB.Client]. A call's fault is drawn from a seeded RNG keyed by the seed,
-// the client and the call's identity (operation, key, owner, token, and how
+// the client and the call's identity (operation, key, owner without its
+// random part, token, and how
 // many such calls came before): the draws do not depend on how the calls
 // of a client's goroutines (caller and watchdog) interleave, only on which
 // calls are made, so that a goroutine woken at the same fake instant as
@@ -283,7 +284,8 @@ type draw struct {
 }
 
 func (b *Backend) draw(op history.Op) draw {
-	id := fmt.Sprintf("%s\x00%s\x00%s\x00%d", op.Kind, op.Key, op.Owner, op.Token)
+	// The owner's random per-Client part is left out: a seed replays.
+	id := fmt.Sprintf("%s\x00%s\x00%s\x00%d", op.Kind, op.Key, history.NormalizeOwner(op.Owner), op.Token)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := b.seen[id]

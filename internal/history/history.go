@@ -15,7 +15,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"hash/fnv"
 	"math"
+	"regexp"
 	"sort"
 	"sync"
 	"time"
@@ -232,7 +235,9 @@ type History struct {
 
 // Hash is a SHA-256 of the history's content in a canonical order, without
 // the IDs and sequence numbers that depend on which of two goroutines
-// recorded first at the same instant.
+// recorded first at the same instant, and with the random part that
+// every sqllock.Client draws for its lease owners normalized (see
+// normalizeOwners).
 func (h *History) Hash() string {
 	type canon struct {
 		Ops      []Op
@@ -273,15 +278,41 @@ func (h *History) Hash() string {
 	if err != nil {
 		panic(err)
 	}
-	s := sha256.Sum256(b)
+	s := sha256.Sum256(normalizeOwners(b))
 	return hex.EncodeToString(s[:])
 }
 
+// ownerInstance matches a lease owner as sqllock.Client builds it:
+// "<name>/<12 hex digits, random per Client>-<seq>".
+var ownerInstance = regexp.MustCompile(`([^\s"\\/]+)/[0-9a-f]{12}-([0-9]+)`)
+
+// normalizeOwners replaces the random part of every lease owner in b
+// (owners, and the error texts that quote them) with one derived from the
+// owner's name (its FNV-1a hash), so that two runs of one seed record and
+// hash alike; names and sequence numbers, which tell owners apart, stay.
+// The derived part is what the simulation's Clients drew before they drew
+// at random, so seeds replay as they always did.
+func normalizeOwners(b []byte) []byte {
+	return ownerInstance.ReplaceAllFunc(b, func(m []byte) []byte {
+		sub := ownerInstance.FindSubmatch(m)
+		h := fnv.New64a()
+		h.Write(sub[1])
+		return fmt.Appendf(nil, "%s/%012x-%s", sub[1], h.Sum64()>>16, sub[2])
+	})
+}
+
+// NormalizeOwner is owner with its random per-Client part replaced (see
+// normalizeOwners): what a deterministic replay may depend on.
+func NormalizeOwner(owner string) string {
+	return string(normalizeOwners([]byte(owner)))
+}
+
+// sortByJSON sorts s by each element's JSON, owners normalized.
 func sortByJSON[T any](s []T) {
 	keys := make([]string, len(s))
 	for i := range s {
 		b, _ := json.Marshal(s[i])
-		keys[i] = string(b)
+		keys[i] = string(normalizeOwners(b))
 	}
 	idx := make([]int, len(s))
 	for i := range idx {

@@ -1,38 +1,56 @@
+//go:build sqllock_mutants
+
 package sim_test
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 
-	"github.com/ashlock/ashlock/internal/mutant"
 	"github.com/ashlock/ashlock/internal/sim"
+	"github.com/ashlock/ashlock/sqllock"
 )
 
 // TestSimCheckerSensitivity is SIM-3: each deliberately broken behaviour
-// in internal/mutant must make some checker fail within the seed budget.
-// It switches a global mutant, so it must not run in parallel with tests
-// that expect correct behaviour: it is a sequential top-level test, and
-// every other test in this package runs its parallel parts inside its own
+// must make some checker fail within the seed budget. Two are the client's
+// (compiled into sqllock only with the sqllock_mutants build tag, which this
+// file needs: go test -tags sqllock_mutants ./internal/sim), two the
+// database's (sim.BackendMutants, a wrapper of the memory backend). A client
+// mutant is global, so this test must not run in parallel with tests that
+// expect correct behaviour: it is a sequential top-level test, and every
+// other test in this package runs its parallel parts inside its own
 // top-level test, so none overlaps it.
 func TestSimCheckerSensitivity(t *testing.T) {
 	budget := uint64(seedCount())
 	f := newFigures()
-	for _, k := range []mutant.Kind{mutant.DeadlineFromReply, mutant.RenewIgnoresToken, mutant.ReleaseDeletesRow, mutant.GuardIgnoresLoss} {
-		restore := mutant.Set(k)
+	for _, k := range []string{"deadline-from-reply", sim.MutantRenewIgnoresToken, sim.MutantReleaseDeletesRow, "guard-ignores-loss"} {
+		var cfg sim.Config
+		restore := func() {}
+		if slices.Contains(sim.BackendMutants, k) {
+			cfg.Mutant = k
+		} else {
+			var ok bool
+			restore, ok = sqllock.SetMutant(k)
+			if !ok {
+				t.Fatalf("sqllock has no client mutant %q", k)
+			}
+		}
 		// The smallest failing seed: shards run seeds in order and stop
 		// once a smaller seed has failed.
 		var first atomic.Uint64
 		first.Store(budget)
 		var mu sync.Mutex
 		var checkers string
-		t.Run(k.String(), func(t *testing.T) {
+		t.Run(k, func(t *testing.T) {
 			for s := range shards {
 				t.Run(fmt.Sprintf("shard=%d", s), func(t *testing.T) {
 					t.Parallel()
 					for seed := uint64(s); seed < budget && seed < first.Load(); seed += shards {
-						res, rep, _, _, wall := runSeed(t, sim.Config{Seed: seed})
+						cfg := cfg
+						cfg.Seed = seed
+						res, rep, _, _, wall := runSeed(t, cfg)
 						f.add(res, rep, wall)
 						if rep.Anomalies() == 0 {
 							continue

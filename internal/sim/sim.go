@@ -79,6 +79,9 @@ type Config struct {
 	Seed     uint64
 	Steps    int // driver steps; default 200
 	Scenario Scenario
+	// Mutant, if not empty, breaks the memory backend the way it names
+	// (see BackendMutants), to show that the checkers catch it.
+	Mutant string
 }
 
 // Result is one run's record.
@@ -186,7 +189,11 @@ func Run(cfg Config) *Result {
 	w.rec = history.NewRecorder(fmt.Sprintf("sim-%d", cfg.Scenario), cfg.Seed, params)
 	w.clock = faultbackend.NewClock(time.Now)
 	w.mem = memory.NewWithClock(w.clock.Now)
-	w.db = faultbackend.NewDB(w.mem, faultbackend.DBOptions{Clock: w.clock, Recorder: w.rec, Audit: true})
+	var db sqllock.Backend = w.mem
+	if cfg.Mutant != "" {
+		db = newMutantDB(w.mem, cfg.Mutant)
+	}
+	w.db = faultbackend.NewDB(db, faultbackend.DBOptions{Clock: w.clock, Recorder: w.rec, Audit: true})
 	w.res = history.NewResource(w.rec)
 	for i := range nKeys {
 		w.keys = append(w.keys, fmt.Sprintf("k%d", i))

@@ -1,0 +1,14 @@
+package sqllock
+
+// mutant names a deliberately broken behaviour of the client (see
+// mutants_off.go and mutants_on.go).
+type mutant int32
+
+const (
+	// mutantDeadlineFromReply computes the guard's local deadline from the
+	// time the reply arrived instead of the time the request was sent.
+	mutantDeadlineFromReply mutant = iota + 1
+	// mutantGuardIgnoresLoss keeps a guard alive when a renewal reports the
+	// lease lost (it is still cancelled at its local deadline).
+	mutantGuardIgnoresLoss
+)
