@@ -21,7 +21,7 @@ import (
 // pgServer is a throwaway PostgreSQL cluster in a temp dir, with the
 // server's default durable settings (fsync, synchronous_commit and
 // full_page_writes on). Bench is its own module, so this is a small copy of
-// what internal/pgtest does.
+// what internal/testkit/pgtest does.
 type pgServer struct {
 	url, dataDir, binDir, logPath string
 	cred                          *syscall.Credential

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/dialect/postgres"
-	"github.com/ashlock/ashlock/internal/pgtest"
+	"github.com/ashlock/ashlock/internal/testkit/pgtest"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )

@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/ashlock/ashlock/internal/pgtest"
+	"github.com/ashlock/ashlock/internal/testkit/pgtest"
 )
 
 // TestMain is the package's only TestMain: it stops the shared PostgreSQL

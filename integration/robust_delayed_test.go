@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/faultproxy"
+	"github.com/ashlock/ashlock/internal/testkit/faultproxy"
 	"github.com/ashlock/ashlock/sqllock"
 )
 

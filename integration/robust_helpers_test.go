@@ -18,10 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/dialect/postgres"
-	"github.com/ashlock/ashlock/internal/faultbackend"
-	"github.com/ashlock/ashlock/internal/faultproxy"
-	"github.com/ashlock/ashlock/internal/history"
-	"github.com/ashlock/ashlock/internal/pgtest"
+	"github.com/ashlock/ashlock/internal/testkit/faultbackend"
+	"github.com/ashlock/ashlock/internal/testkit/faultproxy"
+	"github.com/ashlock/ashlock/internal/testkit/history"
+	"github.com/ashlock/ashlock/internal/testkit/pgtest"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -30,7 +30,7 @@ import (
 // and HIST-PG). Each client has its own pool, backend and fault wrapper
 // (recording only), optionally behind its own faultproxy; a trigger on the
 // lock table keeps the database's audit log, from which the checkers of
-// internal/history judge the run.
+// internal/testkit/history judge the run.
 
 // robustAuditSQL creates the audit log: every row version the lock table
 // commits, with the kind of statement that wrote it.

@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/faultproxy"
-	"github.com/ashlock/ashlock/internal/history"
+	"github.com/ashlock/ashlock/internal/testkit/faultproxy"
+	"github.com/ashlock/ashlock/internal/testkit/history"
 	"github.com/ashlock/ashlock/sqllock"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/history"
+	"github.com/ashlock/ashlock/internal/testkit/history"
 )
 
 // TestRobustConnectionReset is PG-1d: the holder A's connections are reset

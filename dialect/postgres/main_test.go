@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/leakcheck"
-	"github.com/ashlock/ashlock/internal/pgtest"
+	"github.com/ashlock/ashlock/internal/testkit/leakcheck"
+	"github.com/ashlock/ashlock/internal/testkit/pgtest"
 	"github.com/ashlock/ashlock/migrations"
 )
 

@@ -18,8 +18,8 @@ import (
 	msqlite "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
-	"github.com/ashlock/ashlock/internal/leakcheck"
 	"github.com/ashlock/ashlock/internal/sqlitecode"
+	"github.com/ashlock/ashlock/internal/testkit/leakcheck"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 	"github.com/ashlock/ashlock/sqllock/backendtest"

@@ -20,9 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/rogpeppe/go-internal/testscript"
 
-	"github.com/ashlock/ashlock/internal/faultproxy"
-	"github.com/ashlock/ashlock/internal/leakcheck"
-	"github.com/ashlock/ashlock/internal/pgtest"
+	"github.com/ashlock/ashlock/internal/testkit/faultproxy"
+	"github.com/ashlock/ashlock/internal/testkit/leakcheck"
+	"github.com/ashlock/ashlock/internal/testkit/pgtest"
 	"github.com/ashlock/ashlock/migrations"
 )
 

@@ -10,11 +10,11 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/history"
+	"github.com/ashlock/ashlock/internal/testkit/history"
 )
 
 // TestCheckSavedHistory re-checks a history.json written by a failed run:
-// SQLLOCK_HISTORY=/path/to/history.json go test ./internal/history -run
+// SQLLOCK_HISTORY=/path/to/history.json go test ./internal/testkit/history -run
 // TestCheckSavedHistory -v. For each key that porcupine refuses, it prints
 // the end of the longest linearizable prefix and the first calls left out.
 func TestCheckSavedHistory(t *testing.T) {

@@ -6,8 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/history"
-	"github.com/ashlock/ashlock/internal/sim"
+	"github.com/ashlock/ashlock/internal/testkit/history"
+	"github.com/ashlock/ashlock/internal/testkit/sim"
 )
 
 const scenarioSeeds = 50

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/ashlock/ashlock/internal/faultbackend"
-	"github.com/ashlock/ashlock/internal/history"
+	"github.com/ashlock/ashlock/internal/testkit/faultbackend"
+	"github.com/ashlock/ashlock/internal/testkit/history"
 	"github.com/ashlock/ashlock/memory"
 	"github.com/ashlock/ashlock/sqllock"
 )

@@ -12,7 +12,7 @@
 // many such calls came before): the draws do not depend on how the calls
 // of a client's goroutines (caller and watchdog) interleave, only on which
 // calls are made, so that a goroutine woken at the same fake instant as
-// another cannot shift every later draw (internal/sim relies on this).
+// another cannot shift every later draw (internal/testkit/sim relies on this).
 package faultbackend
 
 import (
@@ -27,7 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ashlock/ashlock/internal/history"
+	"github.com/ashlock/ashlock/internal/testkit/history"
 	"github.com/ashlock/ashlock/sqllock"
 )
 

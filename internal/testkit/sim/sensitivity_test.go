@@ -9,14 +9,14 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/ashlock/ashlock/internal/sim"
+	"github.com/ashlock/ashlock/internal/testkit/sim"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
 // TestSimCheckerSensitivity is SIM-3: each deliberately broken behaviour
 // must make some checker fail within the seed budget. Two are the client's
 // (compiled into sqllock only with the sqllock_mutants build tag, which this
-// file needs: go test -tags sqllock_mutants ./internal/sim), two the
+// file needs: go test -tags sqllock_mutants ./internal/testkit/sim), two the
 // database's (sim.BackendMutants, a wrapper of the memory backend). A client
 // mutant is global, so this test must not run in parallel with tests that
 // expect correct behaviour: it is a sequential top-level test, and every

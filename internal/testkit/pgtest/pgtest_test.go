@@ -17,7 +17,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/leakcheck"
+	"github.com/ashlock/ashlock/internal/testkit/leakcheck"
 )
 
 func TestMain(m *testing.M) {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/sim"
+	"github.com/ashlock/ashlock/internal/testkit/sim"
 )
 
 const shards = 4

@@ -1,7 +1,7 @@
 // Package history records what lock clients saw and what the backend did,
 // and checks the record: pure functions over a [History] (see check.go and
 // lin.go). The fault-injecting backend (internal/faultbackend) and the
-// simulation (internal/sim) fill it; the PostgreSQL robustness tests fill
+// simulation (internal/testkit/sim) fill it; the PostgreSQL robustness tests fill
 // the same types from real clients and a database audit log.
 //
 // Times: Call, Return, At, Start and End are local monotonic nanoseconds

@@ -14,9 +14,9 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/faultbackend"
-	"github.com/ashlock/ashlock/internal/history"
-	"github.com/ashlock/ashlock/internal/sim"
+	"github.com/ashlock/ashlock/internal/testkit/faultbackend"
+	"github.com/ashlock/ashlock/internal/testkit/history"
+	"github.com/ashlock/ashlock/internal/testkit/sim"
 )
 
 const linTimeout = 60 * time.Second
@@ -71,7 +71,7 @@ func runSeed(t *testing.T, cfg sim.Config) (*sim.Result, *history.Report, porcup
 // and how to replay it.
 func failSeed(t *testing.T, test string, res *sim.Result, rep *history.Report, model porcupine.Model, info porcupine.LinearizationInfo) {
 	t.Helper()
-	replay := fmt.Sprintf("SIM_SEED=%d go test ./internal/sim -run '^%s$' -v", res.History.Seed, test)
+	replay := fmt.Sprintf("SIM_SEED=%d go test ./internal/testkit/sim -run '^%s$' -v", res.History.Seed, test)
 	dir := history.ArtifactDir(t, fmt.Sprintf("seed-%d", res.History.Seed))
 	if err := history.WriteArtifacts(dir, res.History, rep, &model, &info, replay); err != nil {
 		t.Logf("writing artifacts: %v", err)

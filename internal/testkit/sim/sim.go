@@ -21,8 +21,8 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/ashlock/ashlock/internal/faultbackend"
-	"github.com/ashlock/ashlock/internal/history"
+	"github.com/ashlock/ashlock/internal/testkit/faultbackend"
+	"github.com/ashlock/ashlock/internal/testkit/history"
 	"github.com/ashlock/ashlock/memory"
 	"github.com/ashlock/ashlock/sqllock"
 )
