@@ -62,7 +62,6 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	if err := ctx.Err(); err != nil {
 		return sqllock.Lease{}, err
 	}
-	sent := time.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.now()
@@ -74,7 +73,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	case e.held && now.Before(e.deadline) && e.owner == req.Owner:
 		// A retry of this very acquire: same grant, extended.
 		e.deadline = now.Add(req.TTL)
-		return b.lease(req.Key, e, now, sent, req.TTL), nil
+		return b.lease(req.Key, e, now), nil
 	case e.held && now.Before(e.deadline):
 		return sqllock.Lease{}, &sqllock.HeldError{
 			Key: req.Key, Owner: e.owner, Token: e.token, Remaining: e.deadline.Sub(now),
@@ -87,18 +86,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	e.held = true
 	e.deadline = now.Add(req.TTL)
 	e.owner = req.Owner
-	return b.lease(req.Key, e, now, sent, req.TTL), nil
+	return b.lease(req.Key, e, now), nil
 }
 
-func (b *Backend) lease(key string, e *entry, now, sent time.Time, ttl time.Duration) sqllock.Lease {
-	return sqllock.Lease{
-		Key:           key,
-		Token:         e.token,
-		Owner:         e.owner,
-		Deadline:      e.deadline,
-		BackendTime:   now,
-		LocalDeadline: sent.Add(ttl),
-	}
+func (b *Backend) lease(key string, e *entry, now time.Time) sqllock.Lease {
+	return sqllock.Lease{Key: key, Token: e.token, Owner: e.owner, Deadline: e.deadline, BackendTime: now}
 }
 
 // TryRenew implements [sqllock.Backend].
@@ -112,7 +104,6 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	if err := ctx.Err(); err != nil {
 		return sqllock.Lease{}, err
 	}
-	sent := time.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.now()
@@ -121,7 +112,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		return sqllock.Lease{}, lost
 	}
 	e.deadline = now.Add(ttl)
-	return b.lease(l.Key, e, now, sent, ttl), nil
+	return b.lease(l.Key, e, now), nil
 }
 
 // lostReason returns why l is no longer valid at now, or nil if it is.

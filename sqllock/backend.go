@@ -102,12 +102,6 @@ type Lease struct {
 	// BackendTime is the backend's clock when it applied the operation.
 	// Deadline.Sub(BackendTime) is the TTL it granted.
 	BackendTime time.Time
-	// LocalDeadline is this process's monotonic clock reading taken just
-	// before the request was sent, plus the TTL: the lease cannot have ended
-	// at the backend before it (while clock rates agree). The Guard
-	// subtracts its safety margin from it. It carries a monotonic reading;
-	// compare it only with [time.Now] of this process.
-	LocalDeadline time.Time
 }
 
 // LockInfo describes one key, as [Backend.List] reports it.

@@ -50,9 +50,9 @@ var errRenewTooLate = errors.New("sqllock: renewal succeeded after the local dea
 
 func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s settings) (*Guard, error) {
 	if mutantOn(mutantDeadlineFromReply) {
-		sent, l.LocalDeadline = time.Now(), time.Time{}
+		sent = time.Now()
 	}
-	local := earliest(l.LocalDeadline, sent.Add(s.ttl)).Add(-s.margin)
+	local := sent.Add(s.ttl - s.margin)
 	if !time.Now().Before(local) {
 		// The reply came too late to use the lease safely.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(parent), c.opts.ReleaseTimeout)
@@ -80,13 +80,6 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 		return nil, ErrClosed
 	}
 	return g, nil
-}
-
-func earliest(a, b time.Time) time.Time {
-	if a.IsZero() || b.Before(a) {
-		return b
-	}
-	return a
 }
 
 // Key returns the locked key.
@@ -163,7 +156,7 @@ func (g *Guard) renew(ctx context.Context) (Lease, error) {
 	sent := time.Now()
 	l, err := g.c.b.TryRenew(rctx, lease, g.s.ttl)
 	if mutantOn(mutantDeadlineFromReply) {
-		sent, l.LocalDeadline = time.Now(), time.Time{}
+		sent = time.Now()
 	}
 
 	g.mu.Lock()
@@ -184,7 +177,7 @@ func (g *Guard) renew(ctx context.Context) (Lease, error) {
 		// revive the Guard.
 		return Lease{}, errRenewTooLate
 	}
-	if nl := earliest(l.LocalDeadline, sent.Add(g.s.ttl)).Add(-g.s.margin); nl.After(g.local) {
+	if nl := sent.Add(g.s.ttl - g.s.margin); nl.After(g.local) {
 		g.local = nl
 	}
 	if l.Deadline.After(g.lease.Deadline) {

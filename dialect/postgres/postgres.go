@@ -266,7 +266,6 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		deadline, now time.Time
 		owner         string
 	)
-	sent := time.Now()
 	err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, leaseMicros(req.TTL), req.Owner},
 		&granted, &token, &deadline, &held, &owner, &now)
 	if err != nil {
@@ -275,12 +274,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	switch {
 	case granted:
 		return sqllock.Lease{
-			Key:           req.Key,
-			Token:         token,
-			Owner:         req.Owner,
-			Deadline:      deadline,
-			BackendTime:   now,
-			LocalDeadline: sent.Add(req.TTL),
+			Key:         req.Key,
+			Token:       token,
+			Owner:       req.Owner,
+			Deadline:    deadline,
+			BackendTime: now,
 		}, nil
 	case held && deadline.After(now):
 		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key, Owner: owner, Token: token, Remaining: deadline.Sub(now)}
@@ -313,7 +311,6 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		current       int64
 		deadline, now time.Time
 	)
-	sent := time.Now()
 	err := b.queryRow(ctx, b.renewSQL, []any{l.Key, l.Token, leaseMicros(ttl)},
 		&renewed, &deadline, &current, &held, &now)
 	if err != nil {
@@ -324,7 +321,6 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	}
 	l.Deadline = deadline
 	l.BackendTime = now
-	l.LocalDeadline = sent.Add(ttl)
 	return l, nil
 }
 

@@ -422,13 +422,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		return sqllock.Lease{}, err
 	}
 	var (
-		sent                 time.Time
 		token, deadline, now int64
 		held                 bool
 		owner                string
 	)
 	err := b.write(ctx, func(ctx context.Context) error {
-		sent = time.Now()
 		_, err := b.queryRow(ctx, b.q.acquire, []any{req.Key, leaseMillis(req.TTL), req.Owner},
 			&token, &held, &deadline, &owner, &now)
 		return err
@@ -439,12 +437,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	switch {
 	case held && deadline > now && owner == req.Owner:
 		return sqllock.Lease{
-			Key:           req.Key,
-			Token:         token,
-			Owner:         owner,
-			Deadline:      time.UnixMilli(deadline),
-			BackendTime:   time.UnixMilli(now),
-			LocalDeadline: sent.Add(req.TTL),
+			Key:         req.Key,
+			Token:       token,
+			Owner:       owner,
+			Deadline:    time.UnixMilli(deadline),
+			BackendTime: time.UnixMilli(now),
 		}, nil
 	case held && deadline > now:
 		return sqllock.Lease{}, &sqllock.HeldError{
@@ -468,12 +465,10 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		return sqllock.Lease{}, err
 	}
 	var (
-		sent                 time.Time
 		found, held          bool
 		token, deadline, now int64
 	)
 	err := b.write(ctx, func(ctx context.Context) (err error) {
-		sent = time.Now()
 		found, err = b.queryRow(ctx, b.q.renew, []any{l.Key, l.Token, leaseMillis(ttl)},
 			&token, &held, &deadline, &now)
 		return err
@@ -484,7 +479,6 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	if found && token == l.Token && held && deadline > now {
 		l.Deadline = time.UnixMilli(deadline)
 		l.BackendTime = time.UnixMilli(now)
-		l.LocalDeadline = sent.Add(ttl)
 		return l, nil
 	}
 	if lost := lostError(l, found, token, held, deadline, now); lost != nil {
