@@ -107,4 +107,5 @@ func TestShield(t *testing.T) {
 	<-sctx.Done() // waiting for a connection: the caller's context ends it
 	_, err = args[0].(driver.Valuer).Value()
 	require.ErrorIs(t, err, context.Canceled, "not sent once the caller's context has ended")
+	require.ErrorIs(t, err, sqllock.ErrUnavailable, "as when the context ends while the database is busy")
 }

@@ -14,6 +14,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/ashlock/ashlock/internal/sqlitecode"
+	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -102,11 +103,7 @@ func (b *Backend) retry(ctx context.Context, budget time.Duration, op func(conte
 		}
 		// Full jitter over an exponential cap: 1, 2, 4 ... 32 ms.
 		limit := time.Millisecond << min(attempt-1, 5)
-		t := time.NewTimer(rand.N(limit) + 100*time.Microsecond)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if wait.Sleep(ctx, rand.N(limit)+100*time.Microsecond) != nil {
 			return &busyError{attempts: attempt, waited: time.Since(start), last: err, ctxErr: ctx.Err()}
 		}
 	}
@@ -223,7 +220,21 @@ type gatedArg struct {
 func (a gatedArg) Value() (driver.Value, error) {
 	a.g.once.Do(func() { a.g.shut = a.g.stop() })
 	if !a.g.shut {
-		return nil, fmt.Errorf("sqlite: not sent: %w", context.Cause(a.g.ctx))
+		return nil, &notSentError{cause: context.Cause(a.g.ctx)}
 	}
 	return driver.DefaultParameterConverter.ConvertValue(a.v)
 }
+
+// notSentError: the caller's context ended before a statement was sent
+// (while it waited for a connection). Nothing was applied; it matches
+// [sqllock.ErrUnavailable] and the context's error, as a context that ends
+// while the database is busy does.
+type notSentError struct{ cause error }
+
+func (e *notSentError) Error() string {
+	return "sqlite: not sent, not applied: " + e.cause.Error()
+}
+
+func (e *notSentError) Is(target error) bool { return target == sqllock.ErrUnavailable }
+
+func (e *notSentError) Unwrap() error { return e.cause }
