@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -24,9 +25,9 @@ import (
 type Backend struct {
 	now func() time.Time
 
-	mu       sync.Mutex // guards keys and watchers
-	keys     map[string]*entry
-	watchers map[string]map[chan struct{}]struct{}
+	mu      sync.Mutex // guards keys
+	keys    map[string]*entry
+	signals wait.Signals
 }
 
 type entry struct {
@@ -48,9 +49,8 @@ func New() *Backend { return NewWithClock(time.Now) }
 // use it to step the backend's clock apart from the clients' clocks.
 func NewWithClock(now func() time.Time) *Backend {
 	return &Backend{
-		now:      now,
-		keys:     make(map[string]*entry),
-		watchers: make(map[string]map[chan struct{}]struct{}),
+		now:  now,
+		keys: make(map[string]*entry),
 	}
 }
 
@@ -108,29 +108,19 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	defer b.mu.Unlock()
 	now := b.now()
 	e := b.keys[l.Key]
-	if lost := lostReason(e, l, now); lost != nil {
+	if lost := state(e, now).Loss(l); lost != nil {
 		return sqllock.Lease{}, lost
 	}
 	e.deadline = now.Add(ttl)
 	return b.lease(l.Key, e, now), nil
 }
 
-// lostReason returns why l is no longer valid at now, or nil if it is.
-func lostReason(e *entry, l sqllock.Lease, now time.Time) *sqllock.LostError {
-	lost := &sqllock.LostError{Key: l.Key, Token: l.Token}
-	switch {
-	case e == nil || l.Token > e.token:
-		lost.Reason = sqllock.LostReleased // never granted here
-	case l.Token < e.token:
-		lost.Reason, lost.Current = sqllock.LostTaken, e.token
-	case !e.held:
-		lost.Reason, lost.By = sqllock.LostReleased, e.owner
-	case !now.Before(e.deadline):
-		lost.Reason = sqllock.LostExpired
-	default:
-		return nil
+// state is e (nil: no such key) at now, as sqllock.KeyState.
+func state(e *entry, now time.Time) sqllock.KeyState {
+	if e == nil {
+		return sqllock.KeyState{}
 	}
-	return lost
+	return sqllock.KeyState{Found: true, Token: e.token, Held: e.held, Expired: !now.Before(e.deadline), Owner: e.owner}
 }
 
 // Release implements [sqllock.Backend].
@@ -144,14 +134,15 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.keys[l.Key]
-	lost := lostReason(e, l, b.now())
-	if lost != nil && lost.Reason == sqllock.LostReleased && e != nil && e.token == l.Token && e.owner == l.Owner {
+	st := state(e, b.now())
+	if st.ReleasedByOwner(l) {
 		return nil // released twice by its owner
 	}
+	lost := st.Loss(l)
 	if e != nil && e.token == l.Token && e.held {
 		e.held = false
 		e.owner = l.Owner
-		b.signal(l.Key)
+		b.signals.Signal(l.Key)
 	}
 	if lost != nil {
 		return lost
@@ -186,39 +177,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 }
 
 // Watch implements [sqllock.Watcher]: Release signals the key's watchers.
-func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
-	b.mu.Lock()
-	set := b.watchers[key]
-	if set == nil {
-		set = make(map[chan struct{}]struct{})
-		b.watchers[key] = set
-	}
-	set[ch] = struct{}{}
-	b.mu.Unlock()
-	return ch, func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		// A set is dropped only when empty, so while ch is in it, it is
-		// still b.watchers[key].
-		if set := b.watchers[key]; set != nil {
-			delete(set, ch)
-			if len(set) == 0 {
-				delete(b.watchers, key)
-			}
-		}
-	}
-}
-
-// signal wakes the watchers of key. b.mu must be held.
-func (b *Backend) signal(key string) {
-	for ch := range b.watchers[key] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
-}
+func (b *Backend) Watch(key string) (<-chan struct{}, func()) { return b.signals.Watch(key) }
 
 // Expire makes key's lease expire now (its deadline becomes the backend's
 // now), keeping token and held as they are, and wakes its watchers. It is the
@@ -228,7 +187,7 @@ func (b *Backend) Expire(key string) {
 	defer b.mu.Unlock()
 	if e := b.keys[key]; e != nil {
 		e.deadline = b.now()
-		b.signal(key)
+		b.signals.Signal(key)
 	}
 }
 

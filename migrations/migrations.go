@@ -39,6 +39,7 @@ import (
 
 	"github.com/ashlock/ashlock/internal/sqlident"
 	"github.com/ashlock/ashlock/internal/sqlitecode"
+	"github.com/ashlock/ashlock/internal/wait"
 )
 
 //go:embed postgres/*.sql sqlite/*.sql
@@ -320,11 +321,7 @@ func upSQLite(ctx context.Context, db *sql.DB, o Options) error {
 		// Full jitter, so the losers do not collide again in step, over an
 		// exponential cap: 1, 2, 4 ... 64, 100 ms.
 		limit := min(time.Millisecond<<min(attempt-1, 7), sqliteUpMaxBackoff)
-		t := time.NewTimer(rand.N(limit) + 100*time.Microsecond)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if wait.Sleep(ctx, rand.N(limit)+100*time.Microsecond) != nil {
 			return fmt.Errorf("migrations: up: %w (after %d attempts; last: %w)", ctx.Err(), attempt, err)
 		}
 	}

@@ -255,12 +255,7 @@ func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lea
 		default:
 			return Lease{}, sent, err2 // settled: not ours (or a permanent error)
 		}
-		t := time.NewTimer(c.opts.Backoff(attempt))
-		select {
-		case <-sctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		sleep(sctx, c.opts.Backoff(attempt))
 	}
 	return Lease{}, sent, err
 }
@@ -349,4 +344,15 @@ func (c *Client) forget(g *Guard) {
 	c.mu.Lock()
 	delete(c.guards, g)
 	c.mu.Unlock()
+}
+
+// sleep waits for d, or until ctx ends, whichever is first. (The backends
+// share internal/wait.Sleep; sqllock depends on the standard library only.)
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }

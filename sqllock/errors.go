@@ -155,3 +155,38 @@ func (e *LostError) Is(target error) bool { return target == ErrLeaseLost }
 
 // Unwrap returns the last backend error, if any.
 func (e *LostError) Unwrap() error { return e.Err }
+
+// KeyState is a key's row as a backend read it: what every backend needs to
+// tell, the same way, why a lease is no longer valid.
+type KeyState struct {
+	Found   bool   // the key has a row (rows are never deleted)
+	Token   int64  // the key's current token
+	Held    bool   // the row is held (expired or not)
+	Expired bool   // its deadline has passed by the backend's clock
+	Owner   string // the holder, or who released it last; "" when not read
+}
+
+// Loss returns why lease l is not valid in state s, or nil when s shows l
+// held and unexpired. A lease released by someone else names them (By).
+func (s KeyState) Loss(l Lease) *LostError {
+	e := &LostError{Key: l.Key, Token: l.Token}
+	switch {
+	case !s.Found || l.Token > s.Token:
+		e.Reason = LostReleased // nothing was ever granted under l.Token here
+	case l.Token < s.Token:
+		e.Reason, e.Current = LostTaken, s.Token
+	case !s.Held:
+		e.Reason, e.By = LostReleased, s.Owner
+	case s.Expired:
+		e.Reason = LostExpired
+	default:
+		return nil
+	}
+	return e
+}
+
+// ReleasedByOwner reports whether s shows lease l released by l's own
+// owner: a release repeated by the owner that made it, which is no loss.
+func (s KeyState) ReleasedByOwner(l Lease) bool {
+	return s.Found && s.Token == l.Token && !s.Held && s.Owner == l.Owner
+}

@@ -347,12 +347,7 @@ func (g *Guard) releaseBackend(ctx context.Context) error {
 		if err == nil || (!errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrIndeterminate)) || attempt == 3 {
 			break
 		}
-		t := time.NewTimer(g.c.opts.Backoff(attempt))
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		sleep(ctx, g.c.opts.Backoff(attempt))
 		if ctx.Err() != nil {
 			break
 		}

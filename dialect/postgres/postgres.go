@@ -325,27 +325,15 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 }
 
 // lostReason explains why lease l could not be renewed or fenced, from the
-// key's row as the statement's snapshot saw it.
+// key's row as the statement's snapshot saw it (current token 0: no row).
 func lostReason(l sqllock.Lease, current int64, held bool, deadline, now time.Time) *sqllock.LostError {
-	e := &sqllock.LostError{Key: l.Key, Token: l.Token}
-	switch {
-	case current > l.Token:
-		e.Reason, e.Current = sqllock.LostTaken, current
-	case current < l.Token:
-		// No row, or a token this key never reached: nothing is held
-		// under l.Token (the row may have been deleted by hand).
-		e.Reason = sqllock.LostReleased
-	case !held:
-		e.Reason = sqllock.LostReleased
-	case !deadline.After(now):
-		e.Reason = sqllock.LostExpired
-	default:
-		// Valid in the snapshot, yet the UPDATE refused the newer row: it
-		// was released (or, rarely, expired and taken) while the statement
-		// ran.
-		e.Reason = sqllock.LostReleased
+	st := sqllock.KeyState{Found: current > 0, Token: current, Held: held, Expired: !deadline.After(now)}
+	if lost := st.Loss(l); lost != nil {
+		return lost
 	}
-	return e
+	// Valid in the snapshot, yet the UPDATE refused the newer row: it was
+	// released (or, rarely, expired and taken) while the statement ran.
+	return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostReleased}
 }
 
 // Release implements [sqllock.Backend.Release] in one statement, which also
@@ -414,22 +402,18 @@ func (b *Backend) release(ctx context.Context, l sqllock.Lease) error {
 
 // releasedLost is Release's answer when its statement cleared nothing and
 // the row (found, token, held, owner) is not l's lease held: nil for a
-// lease l's owner released before, else why l is lost.
+// lease l's owner released before, errRaced when l's token is held again
+// (re-granted to l's owner by a retried acquire since the release's
+// snapshot), else why l is lost.
 func releasedLost(l sqllock.Lease, found bool, token int64, held bool, owner string) error {
-	switch {
-	case found && token == l.Token && !held && owner == l.Owner:
+	st := sqllock.KeyState{Found: found, Token: token, Held: held, Owner: owner}
+	if st.ReleasedByOwner(l) {
 		return nil // released before, by l's owner
-	case found && token == l.Token && !held:
-		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostReleased, By: owner}
-	case found && token > l.Token:
-		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostTaken, Current: token}
-	case found && token == l.Token:
-		// Held with l's token again: re-granted to l's owner by a
-		// retried acquire since the release's snapshot.
-		return errRaced
-	default:
-		return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostReleased}
 	}
+	if lost := st.Loss(l); lost != nil {
+		return lost
+	}
+	return errRaced // held with l's token (Loss is nil only then)
 }
 
 // releaseRaced reads the row after a Release lost the race for it. The

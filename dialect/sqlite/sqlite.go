@@ -84,6 +84,7 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
 	"github.com/ashlock/ashlock/internal/sqlident"
+	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -172,8 +173,7 @@ type Backend struct {
 	closed      atomic.Bool
 	busyRetries atomic.Uint64
 
-	watchMu  sync.Mutex
-	watchers map[string]map[chan struct{}]struct{}
+	signals wait.Signals
 }
 
 var (
@@ -344,7 +344,6 @@ func newBackend(db *sql.DB, o Options, owned bool) *Backend {
 		retryTimeout: o.RetryTimeout,
 		writeSlot:    make(chan struct{}, 1),
 		stmts:        make(map[string]*sql.Stmt),
-		watchers:     make(map[string]map[chan struct{}]struct{}),
 	}
 	b.renderQueries(nowMS)
 	return b
@@ -481,30 +480,16 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		l.BackendTime = time.UnixMilli(now)
 		return l, nil
 	}
-	if lost := lostError(l, found, token, held, deadline, now); lost != nil {
+	if lost := keyState(found, token, held, deadline, now, "").Loss(l); lost != nil {
 		return sqllock.Lease{}, lost
 	}
 	return sqllock.Lease{}, fmt.Errorf("sqlite: TryRenew %q: unexpected row (token %d, held %v, deadline %d, now %d)",
 		l.Key, token, held, deadline, now)
 }
 
-// lostError says why lease l is not valid, given the key's row (found,
-// token, held, deadline) at now. It matches the memory backend.
-func lostError(l sqllock.Lease, found bool, token int64, held bool, deadline, now int64) *sqllock.LostError {
-	e := &sqllock.LostError{Key: l.Key, Token: l.Token}
-	switch {
-	case !found || l.Token > token:
-		e.Reason = sqllock.LostReleased // never granted here
-	case l.Token < token:
-		e.Reason, e.Current = sqllock.LostTaken, token
-	case !held:
-		e.Reason = sqllock.LostReleased
-	case deadline <= now:
-		e.Reason = sqllock.LostExpired
-	default:
-		return nil
-	}
-	return e
+// keyState is the key's row (found, token, held, deadline, owner) at now.
+func keyState(found bool, token int64, held bool, deadline, now int64, owner string) sqllock.KeyState {
+	return sqllock.KeyState{Found: found, Token: token, Held: held, Expired: deadline <= now, Owner: owner}
 }
 
 // Release implements [sqllock.Backend]: one statement (queryRelease) when the
@@ -542,13 +527,11 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		if err != nil {
 			return err
 		}
-		if found && token == l.Token && !held && owner == l.Owner {
+		st := keyState(found, token, held, deadline, now, owner)
+		if st.ReleasedByOwner(l) {
 			return nil // released twice by its owner
 		}
-		if lost := lostError(l, found, token, held, deadline, now); lost != nil {
-			if found && token == l.Token && !held {
-				lost.By = owner // released by someone else
-			}
+		if lost := st.Loss(l); lost != nil {
 			result = lost
 			return nil
 		}
@@ -557,7 +540,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		return errRetry
 	})
 	if cleared {
-		b.signal(l.Key)
+		b.signals.Signal(l.Key)
 	}
 	if err != nil {
 		return b.translate(err, true)
@@ -667,39 +650,4 @@ func (b *Backend) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 
 // Watch implements [sqllock.Watcher] for releases made through this Backend
 // (other processes are not seen; their waiters poll).
-func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
-	b.watchMu.Lock()
-	set := b.watchers[key]
-	if set == nil {
-		set = make(map[chan struct{}]struct{})
-		b.watchers[key] = set
-	}
-	set[ch] = struct{}{}
-	b.watchMu.Unlock()
-	var once sync.Once
-	return ch, func() {
-		once.Do(func() {
-			b.watchMu.Lock()
-			defer b.watchMu.Unlock()
-			if set := b.watchers[key]; set != nil {
-				delete(set, ch)
-				if len(set) == 0 {
-					delete(b.watchers, key)
-				}
-			}
-		})
-	}
-}
-
-// signal wakes the watchers of key (coalesced: at most one pending value).
-func (b *Backend) signal(key string) {
-	b.watchMu.Lock()
-	defer b.watchMu.Unlock()
-	for ch := range b.watchers[key] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
-}
+func (b *Backend) Watch(key string) (<-chan struct{}, func()) { return b.signals.Watch(key) }

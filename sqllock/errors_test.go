@@ -1,0 +1,49 @@
+package sqllock_test
+
+import (
+	"testing"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// TestKeyStateLoss: the one classification of a lost lease that every
+// backend uses.
+func TestKeyStateLoss(t *testing.T) {
+	l := sqllock.Lease{Key: "k", Token: 5, Owner: "me"}
+	for _, tc := range []struct {
+		name   string
+		s      sqllock.KeyState
+		reason sqllock.LostReason // 0 with ok: valid
+		ok     bool
+		by     string
+	}{
+		{"valid", sqllock.KeyState{Found: true, Token: 5, Held: true, Owner: "me"}, 0, true, ""},
+		{"no row", sqllock.KeyState{}, sqllock.LostReleased, false, ""},
+		{"token never reached", sqllock.KeyState{Found: true, Token: 4, Held: true}, sqllock.LostReleased, false, ""},
+		{"taken", sqllock.KeyState{Found: true, Token: 6, Held: true, Owner: "other"}, sqllock.LostTaken, false, ""},
+		{"released by another", sqllock.KeyState{Found: true, Token: 5, Owner: "admin"}, sqllock.LostReleased, false, "admin"},
+		{"expired", sqllock.KeyState{Found: true, Token: 5, Held: true, Expired: true, Owner: "me"}, sqllock.LostExpired, false, ""},
+	} {
+		lost := tc.s.Loss(l)
+		if tc.ok {
+			if lost != nil {
+				t.Errorf("%s: Loss = %v, want nil", tc.name, lost)
+			}
+			continue
+		}
+		if lost == nil || lost.Reason != tc.reason || lost.By != tc.by || lost.Key != "k" || lost.Token != 5 {
+			t.Errorf("%s: Loss = %+v, want reason %v by %q", tc.name, lost, tc.reason, tc.by)
+		}
+		if tc.reason == sqllock.LostTaken && lost.Current != 6 {
+			t.Errorf("%s: Current = %d, want 6", tc.name, lost.Current)
+		}
+	}
+	if !(sqllock.KeyState{Found: true, Token: 5, Owner: "me"}).ReleasedByOwner(l) {
+		t.Error("a lease released by its owner is released by its owner")
+	}
+	for _, s := range []sqllock.KeyState{{Found: true, Token: 5, Owner: "admin"}, {Found: true, Token: 5, Held: true, Owner: "me"}, {Found: true, Token: 6, Owner: "me"}} {
+		if s.ReleasedByOwner(l) {
+			t.Errorf("%+v is not a release by l's owner", s)
+		}
+	}
+}
