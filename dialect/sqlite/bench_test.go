@@ -54,12 +54,12 @@ func benchPairs(b *testing.B, s Synchronous, goroutines int) {
 		return be.Release(ctx, l)
 	}
 
-	acq, err := be.db.PrepareContext(ctx, be.q.acquire)
+	acq, err := be.db.PrepareContext(ctx, be.acquireSQL)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer acq.Close()
-	rel, err := be.db.PrepareContext(ctx, be.q.release)
+	rel, err := be.db.PrepareContext(ctx, be.releaseSQL)
 	if err != nil {
 		b.Fatal(err)
 	}

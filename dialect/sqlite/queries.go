@@ -11,14 +11,15 @@ const nowMS = `CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER)`
 // maxToken is the largest token; tokens never wrap.
 const maxToken = `9223372036854775807`
 
-// The statements, with $T for the quoted table and $NOW for [nowMS]. Each
+// The statements, with {{table}} for the quoted table, {{now}} for [nowMS]
+// and {{grant}} for grantSQL (as dialect/postgres names its parts). Each
 // operation is one statement in autocommit mode (the common release path
-// too; see queryRelease).
+// too; see releaseSQL).
 //
 // A note on "always-matching" updates: SQLite's b-tree does not rewrite a
 // cell whose new content is byte-for-byte the old one, so an UPDATE (or the
 // DO UPDATE of an upsert) that sets every column to its current value
-// dirties no page and commits no WAL frame. queryAcquire and queryRenew use
+// dirties no page and commits no WAL frame. acquireSQL and renewSQL use
 // that: when they may not change anything they set the row to itself and
 // still RETURN it, so the caller learns the holder (or why the lease is
 // lost) from the same statement, and a refused attempt writes nothing
@@ -26,7 +27,7 @@ const maxToken = `9223372036854775807`
 // Like any write statement they take SQLite's write lock for their
 // duration, which is microseconds when nothing is written.
 const (
-	// queryAcquire: ?1 key, ?2 ttl in ms (rounded up), ?3 owner.
+	// acquireSQL: ?1 key, ?2 ttl in ms (rounded up), ?3 owner.
 	//
 	// A grant happens iff the key is free (no row, released, or deadline <=
 	// now) and its token is below the largest int64, or the key is held,
@@ -43,80 +44,80 @@ const (
 	// migration 00002's BEFORE INSERT trigger, which refuses a REPLACE that
 	// would lower a token, sees the upsert's VALUES too, so they must not be
 	// lower than the row the DO UPDATE then changes.
-	queryAcquire = `
-INSERT INTO $T (key, token, held, deadline, owner)
-VALUES (?1, coalesce((SELECT token FROM $T WHERE key = ?1), 1), 1, $NOW + ?2, ?3)
+	acquireSQL = `
+INSERT INTO {{table}} (key, token, held, deadline, owner)
+VALUES (?1, coalesce((SELECT token FROM {{table}} WHERE key = ?1), 1), 1, {{now}} + ?2, ?3)
 ON CONFLICT (key) DO UPDATE SET
-	token    = token + ((NOT held OR deadline <= $NOW) AND token < ` + maxToken + `),
-	held     = CASE WHEN $GRANT THEN 1 ELSE held END,
-	deadline = CASE WHEN $GRANT THEN excluded.deadline ELSE deadline END,
-	owner    = CASE WHEN $GRANT THEN excluded.owner ELSE owner END
-RETURNING token, held, deadline, owner, $NOW`
+	token    = token + ((NOT held OR deadline <= {{now}}) AND token < ` + maxToken + `),
+	held     = CASE WHEN {{grant}} THEN 1 ELSE held END,
+	deadline = CASE WHEN {{grant}} THEN excluded.deadline ELSE deadline END,
+	owner    = CASE WHEN {{grant}} THEN excluded.owner ELSE owner END
+RETURNING token, held, deadline, owner, {{now}}`
 
-	// grantCond is the DO UPDATE grant condition over the existing row.
-	grantCond = `(((NOT held OR deadline <= $NOW) AND token < ` + maxToken + `)` +
-		` OR (held AND deadline > $NOW AND owner = excluded.owner))`
+	// grantSQL is the DO UPDATE grant condition over the existing row.
+	grantSQL = `(((NOT held OR deadline <= {{now}}) AND token < ` + maxToken + `)` +
+		` OR (held AND deadline > {{now}} AND owner = excluded.owner))`
 
-	// queryRenew: ?1 key, ?2 token, ?3 ttl in ms. Extends iff the row holds
+	// renewSQL: ?1 key, ?2 token, ?3 ttl in ms. Extends iff the row holds
 	// token ?2, held and unexpired; otherwise sets the row to itself. The
 	// returned row tells which: renewed iff token = ?2, held and deadline >
 	// now; else the returned token, held and deadline give the exact reason
 	// (taken by a newer token, released, expired). No row: the key was never
 	// granted.
-	queryRenew = `
-UPDATE $T SET deadline = CASE
-	WHEN token = ?2 AND held AND deadline > $NOW THEN $NOW + ?3
+	renewSQL = `
+UPDATE {{table}} SET deadline = CASE
+	WHEN token = ?2 AND held AND deadline > {{now}} THEN {{now}} + ?3
 	ELSE deadline END
 WHERE key = ?1
-RETURNING token, held, deadline, $NOW`
+RETURNING token, held, deadline, {{now}}`
 
-	// queryRelease: ?1 key, ?2 token, ?3 owner. Clears held iff ?2 is the
+	// releaseSQL: ?1 key, ?2 token, ?3 owner. Clears held iff ?2 is the
 	// current token and held, and records ?3 as who released; returns the deadline so the caller knows whether the
 	// lease had expired (deadline <= now) before it was released. No row
 	// means nothing to clear: released already, a newer token, or no such
-	// key; only then does the caller read the row (queryPeek) to tell which,
+	// key; only then does the caller read the row (peekSQL) to tell which,
 	// because the old held flag that separates "released twice" from
 	// "expired" is gone once the statement has run.
-	queryRelease = `
-UPDATE $T SET held = 0, owner = ?3
+	releaseSQL = `
+UPDATE {{table}} SET held = 0, owner = ?3
 WHERE key = ?1 AND token = ?2 AND held
-RETURNING deadline, $NOW`
+RETURNING deadline, {{now}}`
 
-	// queryPeek: ?1 key. The row as it is now (read-only).
-	queryPeek = `SELECT token, held, deadline, owner, $NOW FROM $T WHERE key = ?1`
+	// peekSQL: ?1 key. The row as it is now (read-only).
+	peekSQL = `SELECT token, held, deadline, owner, {{now}} FROM {{table}} WHERE key = ?1`
 
-	// queryList: ?1 prefix, ?2 the first string after every string that
+	// listSQL: ?1 prefix, ?2 the first string after every string that
 	// starts with ?1 (see prefixEnd). Keys compare with SQLite's BINARY
 	// collation (memcmp), so [?1, ?2) is exactly the keys with that byte
 	// prefix, and it is an index range on the primary key. No LIKE, so no
 	// wildcard can hide in a prefix.
-	queryList = `
-SELECT key, token, owner, held AND deadline > $NOW, deadline, $NOW
-FROM $T WHERE key >= ?1 AND key < ?2 ORDER BY key`
+	listSQL = `
+SELECT key, token, owner, held AND deadline > {{now}}, deadline, {{now}}
+FROM {{table}} WHERE key >= ?1 AND key < ?2 ORDER BY key`
 
-	// queryListFrom: ?1 prefix, when no string bounds it from above (the
+	// listFromSQL: ?1 prefix, when no string bounds it from above (the
 	// empty prefix).
-	queryListFrom = `
-SELECT key, token, owner, held AND deadline > $NOW, deadline, $NOW
-FROM $T WHERE key >= ?1 ORDER BY key`
+	listFromSQL = `
+SELECT key, token, owner, held AND deadline > {{now}}, deadline, {{now}}
+FROM {{table}} WHERE key >= ?1 ORDER BY key`
 
-	// queryExpire (tests): the lease's deadline becomes now; token and held
+	// expireSQL (tests): the lease's deadline becomes now; token and held
 	// stay as they are.
-	queryExpire = `UPDATE $T SET deadline = $NOW WHERE key = ?1`
+	expireSQL = `UPDATE {{table}} SET deadline = {{now}} WHERE key = ?1`
 
-	// querySetToken (tests): ?1 key, ?2 token. The key exists, released,
+	// setTokenSQL (tests): ?1 key, ?2 token. The key exists, released,
 	// with that token.
-	querySetToken = `
-INSERT INTO $T (key, token, held, deadline, owner) VALUES (?1, ?2, 0, $NOW, '')
+	setTokenSQL = `
+INSERT INTO {{table}} (key, token, held, deadline, owner) VALUES (?1, ?2, 0, {{now}}, '')
 ON CONFLICT (key) DO UPDATE SET token = excluded.token, held = 0, deadline = excluded.deadline`
 )
 
 // render fills in a statement for the quoted table and the clock
 // expression now ([nowMS] but in tests).
 func render(q, quotedTable, now string) string {
-	q = strings.ReplaceAll(q, "$GRANT", grantCond)
-	q = strings.ReplaceAll(q, "$NOW", now)
-	return strings.TrimSpace(strings.ReplaceAll(q, "$T", quotedTable))
+	q = strings.ReplaceAll(q, "{{grant}}", grantSQL)
+	q = strings.ReplaceAll(q, "{{now}}", now)
+	return strings.TrimSpace(strings.ReplaceAll(q, "{{table}}", quotedTable))
 }
 
 // prefixEnd returns the smallest string greater than every string that

@@ -152,7 +152,7 @@ type Options struct {
 // in-memory database loses its token history when its last connection
 // closes, after which tokens restart at 1 and fencing breaks. Use a file, or
 // package memory for a lock within one process.
-var ErrInMemory = errors.New("sqlite: in-memory database refused (use a file, or package memory)")
+var ErrInMemory = errors.New("sqllock/sqlite: in-memory database refused (use a file, or package memory)")
 
 // Backend is the SQLite [sqllock.Backend]. It is safe for concurrent use.
 type Backend struct {
@@ -160,9 +160,8 @@ type Backend struct {
 	owned bool
 	table string // unquoted, for messages
 
-	q struct {
-		acquire, renew, release, peek, list, listFrom string
-	}
+	// The statements, with the table and clock filled in.
+	acquireSQL, renewSQL, releaseSQL, peekSQL, listSQL, listFromSQL string
 
 	retryTimeout time.Duration
 	writeSlot    chan struct{} // one write statement at a time per Backend
@@ -185,7 +184,7 @@ var (
 func (o Options) resolve() (Options, error) {
 	o.Table = cmp.Or(o.Table, migrations.DefaultTable)
 	if err := sqlident.ValidateTable(o.Table); err != nil {
-		return o, fmt.Errorf("sqlite: Options.Table: %w", err)
+		return o, fmt.Errorf("sqllock/sqlite: Options.Table: %w", err)
 	}
 	switch strings.ToUpper(string(o.Synchronous)) {
 	case "":
@@ -193,13 +192,13 @@ func (o Options) resolve() (Options, error) {
 	case string(SynchronousFull), string(SynchronousNormal):
 		o.Synchronous = Synchronous(strings.ToUpper(string(o.Synchronous)))
 	default:
-		return o, fmt.Errorf("sqlite: Options.Synchronous %q: want %q or %q", o.Synchronous, SynchronousFull, SynchronousNormal)
+		return o, fmt.Errorf("sqllock/sqlite: Options.Synchronous %q: want %q or %q", o.Synchronous, SynchronousFull, SynchronousNormal)
 	}
 	switch {
 	case o.BusyTimeout == 0:
 		o.BusyTimeout = DefaultBusyTimeout
 	case o.BusyTimeout < time.Millisecond || o.BusyTimeout > time.Minute:
-		return o, fmt.Errorf("sqlite: Options.BusyTimeout %v: want 1ms to 1m", o.BusyTimeout)
+		return o, fmt.Errorf("sqllock/sqlite: Options.BusyTimeout %v: want 1ms to 1m", o.BusyTimeout)
 	}
 	switch {
 	case o.RetryTimeout == 0:
@@ -242,9 +241,9 @@ func dsn(path string, o Options) (string, error) {
 		strings.HasPrefix(path, "file:") && (strings.Contains(path, ":memory:") || strings.Contains(path, "mode=memory")):
 		return "", fmt.Errorf("%w: %q", ErrInMemory, path)
 	case strings.HasPrefix(path, "file:"):
-		return "", fmt.Errorf("sqlite: %q: want a file path, not a URI (or open it yourself and use New)", path)
+		return "", fmt.Errorf("sqllock/sqlite: %q: want a file path, not a URI (or open it yourself and use New)", path)
 	case strings.ContainsAny(path, "?\x00"):
-		return "", fmt.Errorf("sqlite: %q: a path with '?' or NUL is not supported", path)
+		return "", fmt.Errorf("sqllock/sqlite: %q: a path with '?' or NUL is not supported", path)
 	}
 	ms := (o.BusyTimeout + time.Millisecond - 1) / time.Millisecond
 	q := url.Values{}
@@ -272,7 +271,7 @@ func Open(path string, opts Options) (*Backend, error) {
 	}
 	db, err := sql.Open("sqlite", name)
 	if err != nil {
-		return nil, fmt.Errorf("sqlite: open %q: %w", path, err)
+		return nil, fmt.Errorf("sqllock/sqlite: open %q: %w", path, err)
 	}
 	db.SetMaxOpenConns(1)
 	db.SetMaxIdleConns(1)
@@ -290,7 +289,7 @@ func Open(path string, opts Options) (*Backend, error) {
 	})
 	if err != nil {
 		db.Close()
-		return nil, fmt.Errorf("sqlite: migrate %q: %w", path, b.translate(err, false))
+		return nil, fmt.Errorf("sqllock/sqlite: migrate %q: %w", path, b.translate(err, false))
 	}
 	return b, nil
 }
@@ -311,10 +310,10 @@ func Open(path string, opts Options) (*Backend, error) {
 // Options.RetryTimeout) and fail.
 func New(db *sql.DB, opts Options) (*Backend, error) {
 	if db == nil {
-		return nil, errors.New("sqlite: New: nil *sql.DB")
+		return nil, errors.New("sqllock/sqlite: New: nil *sql.DB")
 	}
 	if opts.Synchronous != "" || opts.BusyTimeout != 0 {
-		return nil, errors.New("sqlite: New: Options.Synchronous and Options.BusyTimeout are DSN settings; build your DSN with sqlite.DSN")
+		return nil, errors.New("sqllock/sqlite: New: Options.Synchronous and Options.BusyTimeout are DSN settings; build your DSN with sqlite.DSN")
 	}
 	o, err := opts.resolve()
 	if err != nil {
@@ -328,7 +327,7 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 		return db.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sqlite: New: %w", b.translate(err, false))
+		return nil, fmt.Errorf("sqllock/sqlite: New: %w", b.translate(err, false))
 	}
 	if file == "" {
 		return nil, fmt.Errorf("%w: the handle's main database has no file", ErrInMemory)
@@ -353,12 +352,12 @@ func newBackend(db *sql.DB, o Options, owned bool) *Backend {
 // expression of the clock ([nowMS]; tests step it).
 func (b *Backend) renderQueries(now string) {
 	t := sqlident.QuoteSQLite(b.table)
-	b.q.acquire = render(queryAcquire, t, now)
-	b.q.renew = render(queryRenew, t, now)
-	b.q.release = render(queryRelease, t, now)
-	b.q.peek = render(queryPeek, t, now)
-	b.q.list = render(queryList, t, now)
-	b.q.listFrom = render(queryListFrom, t, now)
+	b.acquireSQL = render(acquireSQL, t, now)
+	b.renewSQL = render(renewSQL, t, now)
+	b.releaseSQL = render(releaseSQL, t, now)
+	b.peekSQL = render(peekSQL, t, now)
+	b.listSQL = render(listSQL, t, now)
+	b.listFromSQL = render(listFromSQL, t, now)
 }
 
 // Close releases the prepared statements and, for a Backend from [Open],
@@ -415,7 +414,7 @@ func remaining(deadline, now int64) time.Duration {
 	return time.Duration(max(deadline-now-1, 0)) * time.Millisecond
 }
 
-// TryAcquire implements [sqllock.Backend] with one statement (queryAcquire).
+// TryAcquire implements [sqllock.Backend] with one statement (acquireSQL).
 func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
@@ -426,7 +425,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		owner                string
 	)
 	err := b.write(ctx, func(ctx context.Context) error {
-		_, err := b.queryRow(ctx, b.q.acquire, []any{req.Key, leaseMillis(req.TTL), req.Owner},
+		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, leaseMillis(req.TTL), req.Owner},
 			&token, &held, &deadline, &owner, &now)
 		return err
 	})
@@ -450,12 +449,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	case token == math.MaxInt64:
 		return sqllock.Lease{}, fmt.Errorf("%w: key %q", sqllock.ErrTokenExhausted, req.Key)
 	default:
-		return sqllock.Lease{}, fmt.Errorf("sqlite: TryAcquire %q: unexpected row (token %d, held %v, deadline %d, now %d)",
+		return sqllock.Lease{}, fmt.Errorf("sqllock/sqlite: TryAcquire %q: unexpected row (token %d, held %v, deadline %d, now %d)",
 			req.Key, token, held, deadline, now)
 	}
 }
 
-// TryRenew implements [sqllock.Backend] with one statement (queryRenew).
+// TryRenew implements [sqllock.Backend] with one statement (renewSQL).
 func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
 	if err := sqllock.ValidateLease(l); err != nil {
 		return sqllock.Lease{}, err
@@ -468,7 +467,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		token, deadline, now int64
 	)
 	err := b.write(ctx, func(ctx context.Context) (err error) {
-		found, err = b.queryRow(ctx, b.q.renew, []any{l.Key, l.Token, leaseMillis(ttl)},
+		found, err = b.queryRow(ctx, b.renewSQL, []any{l.Key, l.Token, leaseMillis(ttl)},
 			&token, &held, &deadline, &now)
 		return err
 	})
@@ -483,7 +482,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	if lost := keyState(found, token, held, deadline, now, "").Loss(l); lost != nil {
 		return sqllock.Lease{}, lost
 	}
-	return sqllock.Lease{}, fmt.Errorf("sqlite: TryRenew %q: unexpected row (token %d, held %v, deadline %d, now %d)",
+	return sqllock.Lease{}, fmt.Errorf("sqllock/sqlite: TryRenew %q: unexpected row (token %d, held %v, deadline %d, now %d)",
 		l.Key, token, held, deadline, now)
 }
 
@@ -492,9 +491,9 @@ func keyState(found bool, token int64, held bool, deadline, now int64, owner str
 	return sqllock.KeyState{Found: found, Token: token, Held: held, Expired: deadline <= now, Owner: owner}
 }
 
-// Release implements [sqllock.Backend]: one statement (queryRelease) when the
+// Release implements [sqllock.Backend]: one statement (releaseSQL) when the
 // lease was held, clean or expired; when it cleared nothing, one read more
-// (queryPeek) tells "released twice" by its owner (nil) from a release by
+// (peekSQL) tells "released twice" by its owner (nil) from a release by
 // someone else, a newer token or an unknown one (a [*sqllock.LostError]).
 func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err := sqllock.ValidateLease(l); err != nil {
@@ -504,7 +503,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	cleared := false
 	err := b.write(ctx, func(ctx context.Context) error {
 		var deadline, now int64
-		found, err := b.queryRow(ctx, b.q.release, []any{l.Key, l.Token, l.Owner}, &deadline, &now)
+		found, err := b.queryRow(ctx, b.releaseSQL, []any{l.Key, l.Token, l.Owner}, &deadline, &now)
 		if err != nil {
 			return err
 		}
@@ -523,7 +522,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 			held  bool
 			owner string
 		)
-		found, err = b.queryRow(ctx, b.q.peek, []any{l.Key}, &token, &held, &deadline, &owner, &now)
+		found, err = b.queryRow(ctx, b.peekSQL, []any{l.Key}, &token, &held, &deadline, &owner, &now)
 		if err != nil {
 			return err
 		}
@@ -554,9 +553,9 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 	if err := sqllock.ValidatePrefix(prefix); err != nil {
 		return nil, err
 	}
-	query, args := b.q.listFrom, []any{prefix}
+	query, args := b.listFromSQL, []any{prefix}
 	if end, ok := prefixEnd(prefix); ok {
-		query, args = b.q.list, []any{prefix, end}
+		query, args = b.listSQL, []any{prefix, end}
 	}
 	var out []sqllock.LockInfo
 	err := b.read(ctx, func(ctx context.Context) error {
@@ -595,57 +594,6 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		return nil, b.translate(err, false)
 	}
 	return out, nil
-}
-
-// queryRow runs a statement that returns at most one row, scans it into
-// dest, and reads on to the end: for an autocommit write with RETURNING,
-// the step after the last row is the one that commits, so an error there
-// is seen here and not lost in Close.
-func (b *Backend) queryRow(ctx context.Context, query string, args []any, dest ...any) (found bool, err error) {
-	stmt, err := b.stmt(ctx, query)
-	if err != nil {
-		return false, err
-	}
-	sctx, args, release := shield(ctx, args)
-	defer release()
-	rows, err := stmt.QueryContext(sctx, args...)
-	if err != nil {
-		return false, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if found {
-			return true, fmt.Errorf("sqlite: more than one row from %q", query)
-		}
-		if err := rows.Scan(dest...); err != nil {
-			return false, err
-		}
-		found = true
-	}
-	if err := rows.Err(); err != nil {
-		return false, err
-	}
-	return found, rows.Close()
-}
-
-// stmt returns query prepared on b.db. Statements are prepared on first use,
-// not in New, because the application may create the table later; a failed
-// prepare is not cached.
-func (b *Backend) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
-	b.stmtMu.Lock()
-	defer b.stmtMu.Unlock()
-	if b.closed.Load() {
-		return nil, errClosed
-	}
-	if s := b.stmts[query]; s != nil {
-		return s, nil
-	}
-	s, err := b.db.PrepareContext(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	b.stmts[query] = s
-	return s, nil
 }
 
 // Watch implements [sqllock.Watcher] for releases made through this Backend

@@ -64,10 +64,10 @@ func TestConformance(t *testing.T) {
 			return b
 		},
 		Expire: func(t *testing.T, b sqllock.Backend, key string) {
-			execTest(t, b, queryExpire, key)
+			execTest(t, b, expireSQL, key)
 		},
 		SetToken: func(t *testing.T, b sqllock.Backend, key string, token int64) {
-			execTest(t, b, querySetToken, key, token)
+			execTest(t, b, setTokenSQL, key, token)
 		},
 	})
 }
@@ -92,10 +92,10 @@ func TestConformanceNew(t *testing.T) {
 			return b
 		},
 		Expire: func(t *testing.T, b sqllock.Backend, key string) {
-			execTest(t, b, queryExpire, key)
+			execTest(t, b, expireSQL, key)
 		},
 		SetToken: func(t *testing.T, b sqllock.Backend, key string, token int64) {
-			execTest(t, b, querySetToken, key, token)
+			execTest(t, b, setTokenSQL, key, token)
 		},
 	})
 }
@@ -298,7 +298,7 @@ func TestRefusedOperationsWriteNothing(t *testing.T) {
 	}
 	l1, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o1"})
 	require.NoError(t, err)
-	execTest(t, b, queryExpire, "k")
+	execTest(t, b, expireSQL, "k")
 	l2, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o2"})
 	require.NoError(t, err)
 
@@ -405,7 +405,7 @@ func TestTokenExhaustedGrantsNothing(t *testing.T) {
 	t.Parallel()
 	b, _ := openTest(t, Options{})
 	ctx := testCtx(t)
-	execTest(t, b, querySetToken, "k", int64(math.MaxInt64))
+	execTest(t, b, setTokenSQL, "k", int64(math.MaxInt64))
 	_, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: time.Second, Owner: "o"})
 	require.ErrorIs(t, err, sqllock.ErrTokenExhausted)
 	info, err := b.List(ctx, "k")
