@@ -367,7 +367,7 @@ func TestPostgresMigrationsHostileIdentifiers(t *testing.T) {
 				require.NotContains(t, err.Error(), closedMsg, "%s with %+v did I/O", name, o)
 			}
 		}
-		for _, dir := range []string{"up", "down"} {
+		for _, dir := range []migrations.Direction{migrations.DirectionUp, migrations.DirectionDown} {
 			s, err := migrations.SQL(migrations.Postgres, o, dir)
 			require.ErrorIs(t, err, migrations.ErrInvalidIdentifier, "SQL %s with %+v", dir, o)
 			require.Empty(t, s)

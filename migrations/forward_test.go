@@ -117,13 +117,19 @@ func TestSQLiteTokensNeverGoBackwards(t *testing.T) {
 func TestSQLShowsTokensForward(t *testing.T) {
 	t.Parallel()
 	for _, d := range []migrations.Dialect{migrations.Postgres, migrations.SQLite} {
-		up, err := migrations.SQL(d, migrations.Options{}, "up")
+		up, err := migrations.SQL(d, migrations.Options{}, migrations.DirectionUp)
 		require.NoError(t, err)
 		require.Contains(t, up, "migration 00002_tokens_forward.sql (version 2), up\n", d)
 		require.Contains(t, up, `"sqllock_locks_forward"`, d)
-		down, err := migrations.SQL(d, migrations.Options{}, "down")
+		down, err := migrations.SQL(d, migrations.Options{}, migrations.DirectionDown)
 		require.NoError(t, err)
 		require.Contains(t, down, "migration 00002_tokens_forward.sql (version 2), down\n", d)
 		require.Less(t, strings.Index(down, "(version 2)"), strings.Index(down, "(version 1)"), "%s: down runs 00002 first", d)
 	}
+}
+
+func TestSQLUnknownDirection(t *testing.T) {
+	t.Parallel()
+	_, err := migrations.SQL(migrations.SQLite, migrations.Options{}, "sideways")
+	require.ErrorIs(t, err, migrations.ErrUnknownDirection)
 }

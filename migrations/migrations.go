@@ -378,13 +378,26 @@ func Status(ctx context.Context, d Dialect, db *sql.DB, o Options) ([]*goose.Mig
 	return st, nil
 }
 
-// SQL returns d's migrations rendered for o as plain SQL for direction "up"
-// (ascending versions) or "down" (descending), for teams that apply schema
-// with their own tool. Each file's section starts with a comment naming its
-// goose file and version. The goose version table is not part of the output.
-func SQL(d Dialect, o Options, direction string) (string, error) {
-	if direction != "up" && direction != "down" {
-		return "", fmt.Errorf("migrations: direction %q: want \"up\" or \"down\"", direction)
+// Direction selects what [SQL] renders.
+type Direction string
+
+// The directions.
+const (
+	DirectionUp   Direction = "up"   // apply: every migration, ascending versions
+	DirectionDown Direction = "down" // roll back: every migration, descending versions
+)
+
+// ErrUnknownDirection is matched (errors.Is) by the error [SQL] returns for a
+// Direction other than DirectionUp and DirectionDown.
+var ErrUnknownDirection = errors.New("migrations: unknown direction")
+
+// SQL returns d's migrations rendered for o as plain SQL for direction, for
+// teams that apply schema with their own tool. Each file's section starts
+// with a comment naming its goose file and version. The goose version
+// table is not part of the output.
+func SQL(d Dialect, o Options, direction Direction) (string, error) {
+	if direction != DirectionUp && direction != DirectionDown {
+		return "", fmt.Errorf("%w %q (want %q or %q)", ErrUnknownDirection, direction, DirectionUp, DirectionDown)
 	}
 	fsys, err := FS(d, o)
 	if err != nil {
@@ -395,7 +408,7 @@ func SQL(d Dialect, o Options, direction string) (string, error) {
 		return "", err
 	}
 	slices.Sort(names) // zero-padded versions sort numerically
-	if direction == "down" {
+	if direction == DirectionDown {
 		slices.Reverse(names)
 	}
 	var b strings.Builder
@@ -414,7 +427,7 @@ func SQL(d Dialect, o Options, direction string) (string, error) {
 			return "", fmt.Errorf("migrations: %s: missing goose Up/Down annotation", name)
 		}
 		section := up
-		if direction == "down" {
+		if direction == DirectionDown {
 			section = down
 		}
 		// goose's statement markers mean nothing to other tools (psql and

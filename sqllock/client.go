@@ -54,7 +54,7 @@ func New(b Backend, opts Options) (*Client, error) {
 		return nil, err
 	}
 	if opts.ReleaseTimeout < 0 {
-		return nil, fmt.Errorf("%w: negative ReleaseTimeout", ErrInvalidTTL)
+		return nil, &OptionError{Field: "ReleaseTimeout", Value: opts.ReleaseTimeout}
 	}
 	log := opts.Logger
 	if log == nil {

@@ -1,8 +1,12 @@
 package sqllock_test
 
 import (
+	"errors"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/ashlock/ashlock/memory"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -45,5 +49,27 @@ func TestKeyStateLoss(t *testing.T) {
 		if s.ReleasedByOwner(l) {
 			t.Errorf("%+v is not a release by l's owner", s)
 		}
+	}
+}
+
+// Timings that are not TTLs are refused with their own sentinel (and, as
+// before it existed, ErrInvalidTTL), naming the option.
+func TestNonTTLTimingsHaveTheirOwnError(t *testing.T) {
+	mem := memory.New()
+	_, err := sqllock.New(mem, sqllock.Options{ReleaseTimeout: -time.Second})
+	var oe *sqllock.OptionError
+	if !errors.As(err, &oe) || oe.Field != "ReleaseTimeout" || !errors.Is(err, sqllock.ErrInvalidOption) || !errors.Is(err, sqllock.ErrInvalidTTL) {
+		t.Errorf("negative ReleaseTimeout: %v", err)
+	}
+	c, err := sqllock.New(mem, sqllock.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.TryAcquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: -time.Second})
+	if !errors.As(err, &oe) || oe.Field != "AcquireOptions.Wait" || !errors.Is(err, sqllock.ErrInvalidOption) {
+		t.Errorf("negative Wait: %v", err)
+	}
+	if strings.Contains(err.Error(), "nanoseconds") {
+		t.Errorf("the bare-number hint is for positive values only: %v", err)
 	}
 }

@@ -108,19 +108,24 @@ const MinInterval = time.Millisecond
 // [ErrInvalidTTL], as New has always documented.
 var ErrInvalidOption = errors.New("sqllock: invalid option")
 
-// OptionError says which Options field is out of bounds, and the bound.
+// OptionError says which option is out of bounds, and the bound: a timing
+// that is not a TTL (ValidateTTL's errors are for TTLs).
 type OptionError struct {
-	Field string        // "RenewInterval" or "Margin"
+	Field string        // "RenewInterval", "Margin", "ReleaseTimeout" or "AcquireOptions.Wait"
 	Value time.Duration // as given
 	Min   time.Duration // the smallest accepted value
 }
 
 func (e *OptionError) Error() string {
-	return fmt.Sprintf("sqllock: invalid option: %s %v: must be at least %v (a bare number is nanoseconds; write e.g. 5*time.Second)",
-		e.Field, e.Value, e.Min)
+	s := fmt.Sprintf("sqllock: invalid option: %s %v: must be at least %v", e.Field, e.Value, e.Min)
+	if e.Value > 0 {
+		s += " (a bare number is nanoseconds; write e.g. 5*time.Second)"
+	}
+	return s
 }
 
-// Unwrap makes the error match [ErrInvalidOption] and [ErrInvalidTTL].
+// Unwrap makes the error match [ErrInvalidOption] and, as these errors did
+// before ErrInvalidOption existed, [ErrInvalidTTL].
 func (e *OptionError) Unwrap() []error { return []error{ErrInvalidOption, ErrInvalidTTL} }
 
 // settings are the resolved timings of one lease.
@@ -139,7 +144,7 @@ func (o *Options) settingsFor(ao *AcquireOptions) (settings, error) {
 		return s, err
 	}
 	if ao != nil && ao.Wait < 0 {
-		return s, fmt.Errorf("%w: negative Wait %v", ErrInvalidTTL, ao.Wait)
+		return s, &OptionError{Field: "AcquireOptions.Wait", Value: ao.Wait}
 	}
 	if o.RenewInterval > 0 && o.RenewInterval < MinInterval {
 		return s, &OptionError{Field: "RenewInterval", Value: o.RenewInterval, Min: MinInterval}

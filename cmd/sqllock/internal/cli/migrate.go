@@ -82,7 +82,7 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 		if d != migrations.Postgres && d != migrations.SQLite {
 			return fail(ExitUsage, "--dialect %q: want postgres or sqlite", dialect)
 		}
-		out, err := migrations.SQL(d, opts, direction)
+		out, err := migrations.SQL(d, opts, migrations.Direction(direction))
 		if err != nil {
 			return fail(ExitUsage, "%v", err)
 		}
