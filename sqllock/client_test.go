@@ -159,35 +159,56 @@ func TestDefaultRenewIntervalIsTTLOverThree(t *testing.T) {
 	})
 }
 
+// TestLocalDeadlineFromSendTime checks G3's starting point: the local
+// deadline counts from the moment the request was sent, never from the
+// reply. Both the request and the reply are delayed, and the backend's own
+// Lease.LocalDeadline is withheld (zero) or taken after the reply (late), so
+// the client cannot borrow a correct figure from the backend: a guard that
+// counts from the reply is off by the round trip and fails here.
 func TestLocalDeadlineFromSendTime(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		const delay = 700 * time.Millisecond
-		tb := setup(t, sqllock.Options{Margin: 50 * time.Millisecond})
-		// The backend applies the request at once but the reply takes
-		// delay: the lease began at send time, so the local deadline must
-		// count from there.
-		tb.b.acquire = func(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
-			l, err := tb.mem.TryAcquire(ctx, req)
-			time.Sleep(delay)
-			return l, err
-		}
-		tb.b.renew = func(ctx context.Context, l sqllock.Lease, d time.Duration) (sqllock.Lease, error) {
-			nl, err := tb.mem.TryRenew(ctx, l, d)
-			time.Sleep(delay)
-			return nl, err
-		}
-		sent := time.Now()
-		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
-		require.NoError(t, err)
-		require.Equal(t, sent.Add(ttl-50*time.Millisecond), g.LocalDeadline())
+	for name, backendDeadline := range map[string]func(time.Time) time.Time{
+		"BackendDeadlineZero": func(time.Time) time.Time { return time.Time{} },
+		"BackendDeadlineLate": func(replied time.Time) time.Time { return replied.Add(ttl) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				const reqDelay, replyDelay = 300 * time.Millisecond, 400 * time.Millisecond
+				const margin = 50 * time.Millisecond
+				tb := setup(t, sqllock.Options{Margin: margin})
+				// The request reaches the backend reqDelay after it was
+				// sent, and the reply arrives replyDelay after the backend
+				// applied it.
+				tb.b.acquire = func(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+					time.Sleep(reqDelay)
+					l, err := tb.mem.TryAcquire(ctx, req)
+					time.Sleep(replyDelay)
+					l.LocalDeadline = backendDeadline(time.Now())
+					return l, err
+				}
+				tb.b.renew = func(ctx context.Context, l sqllock.Lease, d time.Duration) (sqllock.Lease, error) {
+					time.Sleep(reqDelay)
+					nl, err := tb.mem.TryRenew(ctx, l, d)
+					time.Sleep(replyDelay)
+					nl.LocalDeadline = backendDeadline(time.Now())
+					return nl, err
+				}
+				sent := time.Now()
+				g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+				require.NoError(t, err)
+				require.Equal(t, sent.Add(ttl-margin), g.LocalDeadline(), "acquire: counted from the send time")
 
-		// The first renewal is sent at sent+interval, answered delay later.
-		time.Sleep(interval + delay + time.Millisecond)
-		require.NoError(t, g.Err())
-		require.Equal(t, sent.Add(interval+ttl-50*time.Millisecond), g.LocalDeadline())
-		require.NoError(t, g.Release(t.Context()))
-	})
+				// The first renewal is sent at sent+interval and answered
+				// reqDelay+replyDelay later.
+				time.Sleep(time.Until(sent.Add(interval + reqDelay + replyDelay + time.Millisecond)))
+				require.NoError(t, g.Err())
+				require.Equal(t, 1, tb.b.n("renew"))
+				require.Equal(t, sent.Add(interval+ttl-margin), g.LocalDeadline(), "renew: counted from the send time")
+				require.NoError(t, g.Release(t.Context()))
+			})
+		})
+	}
 }
 
 func TestStolenLeaseLostWithinOneInterval(t *testing.T) {
