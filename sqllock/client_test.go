@@ -531,10 +531,16 @@ func TestAcquireWaitBound(t *testing.T) {
 		holder, err := tb.client.TryAcquire(t.Context(), "k", nil)
 		require.NoError(t, err)
 		start := time.Now()
-		_, err = tb.client.Acquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: 2 * time.Second})
+		// The holder renews forever, so an Acquire that ignored Wait
+		// would never return: the backstop ends it (in bubble time, at
+		// once) and the elapsed time below tells the two apart, instead
+		// of the test hanging until go test's timeout.
+		backstop, stop := context.WithTimeout(t.Context(), time.Minute)
+		defer stop()
+		_, err = tb.client.Acquire(backstop, "k", &sqllock.AcquireOptions{Wait: 2 * time.Second})
+		require.Equal(t, 2*time.Second, time.Since(start), "Acquire must give up when Wait passes")
 		require.ErrorIs(t, err, sqllock.ErrNotAcquired)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
-		require.Equal(t, 2*time.Second, time.Since(start))
 
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
