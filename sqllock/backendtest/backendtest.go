@@ -634,7 +634,9 @@ func testEdgeInputs(t *testing.T, h Harness) {
 		}
 		release(t, b, l)
 	}
-	for _, d := range []time.Duration{sqllock.MinTTL, sqllock.MaxTTL, 1500 * time.Microsecond} {
+	// 1.5 ms catches a TTL truncated to whole milliseconds; 1.5 ms + 1 ns one
+	// truncated to whole microseconds.
+	for _, d := range []time.Duration{sqllock.MinTTL, sqllock.MaxTTL, 1500 * time.Microsecond, 1500*time.Microsecond + 1} {
 		l, err := b.TryAcquire(ctx(t), sqllock.AcquireRequest{Key: "ttl", TTL: d, Owner: "o"})
 		if err != nil {
 			t.Fatalf("TTL %v refused: %v", d, err)
