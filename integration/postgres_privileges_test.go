@@ -190,7 +190,11 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 	require.NoError(t, r.err)
 	require.Equal(t, int64(3), r.g.Token())
 	woke := r.at.Sub(released)
-	require.Less(t, woke, 5*time.Second, "woken by polling, not by the notification")
+	// "Waking at once": the notification's delivery plus an allowance for
+	// a loaded 2-core machine; b's next poll is 10 s away. Measured: at most
+	// 26 ms over 5 idle runs, 44 ms over 5 runs under -race with three busy
+	// loops competing for the two cores.
+	require.LessOrEqual(t, woke, wakeBound, "the waiter woke %v after the release: by polling, not by the notification?", woke)
 	require.NoError(t, r.g.Release(ctx))
 
 	// Migrations need more than the runtime: as the role, Up fails both on
@@ -224,6 +228,10 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 // (as on a hot standby reached after a failover) makes TryAcquire fail at
 // once with an error matching ErrUnavailable that says read-only, not a
 // wait, a hang or a misleading "held".
+// wakeBound bounds the time from a release to the waiting Acquire's return
+// on PostgreSQL (the README: a waiter wakes "at once" on a release signal).
+const wakeBound = 250 * time.Millisecond
+
 func TestPostgresReadOnlySession(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)

@@ -29,6 +29,25 @@ var robustParams = history.Params{Eps: cancelSlack, TokenStep1: true, NoLiveness
 // bound here is loose on purpose, and below the margin (see robustTTL).
 const cancelSlack = 800 * time.Millisecond
 
+// cancelLateBound bounds, in the partition test, how late after its local
+// deadline a guard's end is observed: TESTPLAN's 50 ms (the expiry timer's
+// and the recording watcher's scheduling) plus an allowance of 100 ms for a
+// loaded 2-core machine. Measured cancel_late: at most 13 ms over 4 runs on
+// an idle machine, 7 ms over 6 runs under -race with three busy loops
+// competing for the two cores.
+const cancelLateBound = 50*time.Millisecond + 100*time.Millisecond
+
+// takeoverBound bounds how long after the holder's database deadline a
+// contender polling every tryEvery is granted the key (G5 without the TTL):
+// one poll interval plus one round trip, with an allowance of 150 ms for
+// the round trip and scheduling on a loaded 2-core machine. Measured
+// db_deadline_to_takeover: at most 44 ms over 4 idle runs, 45 ms over 6 runs
+// under -race with three busy loops.
+const takeoverBound = tryEvery + 150*time.Millisecond
+
+// tryEvery is tryUntil's poll interval.
+const tryEvery = 50 * time.Millisecond
+
 // pause lets the system run for d (a schedule, not a wait for a condition).
 func pause(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
@@ -39,7 +58,7 @@ func pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// tryUntil calls TryAcquire for pc every 50ms until it holds key.
+// tryUntil calls TryAcquire for pc every tryEvery until it holds key.
 func (w *robustWorld) tryUntil(ctx context.Context, pc *robustClient, key string, within time.Duration) (*sqllock.Guard, int) {
 	t := w.t
 	t.Helper()
@@ -51,7 +70,7 @@ func (w *robustWorld) tryUntil(ctx context.Context, pc *robustClient, key string
 		}
 		require.True(t, errors.Is(err, sqllock.ErrNotAcquired) || errors.Is(err, sqllock.ErrUnavailable) || errors.Is(err, sqllock.ErrIndeterminate), "client %d: %v", pc.id, err)
 		require.True(t, time.Now().Before(deadline), "client %d did not acquire %s within %v: %v", pc.id, key, within, err)
-		pause(ctx, 50*time.Millisecond)
+		pause(ctx, tryEvery)
 	}
 }
 
@@ -85,7 +104,7 @@ func grantOf(t *testing.T, h *history.History, key string, token int64) history.
 // proxy) is cut off by a blackhole for TTL+1s while B (direct) tries every
 // 50ms. A's guard is cancelled by its local deadline; B acquires only after
 // the database deadline, with a larger token, soon after it (the latency is
-// a figure; only a loose bound is asserted); A's guard ended before B's
+// a figure, bounded by takeoverBound); A's guard ended before B's
 // began; after the heal A does not come back, and its stale write is
 // refused by the fence.
 func TestRobustPartitionHolderBlackhole(t *testing.T) {
@@ -132,19 +151,13 @@ func TestRobustPartitionHolderBlackhole(t *testing.T) {
 
 	h, r := w.check(ctx, "go test ./integration -run '^TestRobustPartitionHolderBlackhole$' -v")
 	gA, gB := guardOf(h, gidA), guardOf(h, gidB)
-	require.LessOrEqual(t, gA.End, gA.LocalDeadline+int64(cancelSlack), "A cancelled after its local deadline + %v", cancelSlack)
+	cancelLate := time.Duration(gA.End - gA.LocalDeadline)
 	require.Less(t, gA.End, gB.Start, "A's guard ended after B's began")
 	require.Greater(t, gB.Token, gA.Token)
 	deadlineA := lastDeadline(h, key, gA.Token)
 	grantB := grantOf(t, h, key, gB.Token)
 	require.GreaterOrEqual(t, grantB.DBNow, deadlineA, "B granted before A's database deadline")
 	takeover := time.Duration(grantB.DBNow - deadlineA)
-	// Typically 50ms of polling plus a round trip (the figure below); on a
-	// loaded machine B's own scheduling adds to it, so only a sanity bound
-	// is asserted: B got the key soon after the deadline, not by chance much
-	// later.
-	t.Logf("db_deadline_to_takeover=%v", takeover.Round(time.Millisecond))
-	require.LessOrEqual(t, takeover, 3*time.Second, "B acquired too long after A's deadline (poll 50ms + a round trip + scheduling)")
 	renews, renewErrs := 0, 0
 	for _, op := range h.Ops {
 		if op.Client == a.id && op.Kind == history.Renew {
@@ -158,7 +171,9 @@ func TestRobustPartitionHolderBlackhole(t *testing.T) {
 	faults := map[string]int{"blackhole": 1, "dropped_bytes": int(a.proxy.Stats().Dropped)}
 	t.Log(w.figures("TestRobustPartitionHolderBlackhole", h, r, faults,
 		fmt.Sprintf("partition_to_cancel=%v cancel_late=%v db_deadline_to_takeover=%v renews=%d renew_errors=%d a_writes=%d",
-			time.Duration(gA.End-t0).Round(time.Millisecond), time.Duration(gA.End-gA.LocalDeadline).Round(time.Millisecond),
+			time.Duration(gA.End-t0).Round(time.Millisecond), cancelLate.Round(time.Millisecond),
 			takeover.Round(time.Millisecond), renews, renewErrs, writes)))
 	robustRequireFired(t, faults)
+	require.LessOrEqual(t, cancelLate, cancelLateBound, "A's guard ended %v after its local deadline", cancelLate)
+	require.LessOrEqual(t, takeover, takeoverBound, "B acquired %v after A's database deadline (a poll every %v + a round trip)", takeover, tryEvery)
 }

@@ -20,11 +20,21 @@ import (
 	"go.uber.org/goleak"
 	_ "modernc.org/sqlite"
 
+	"github.com/ashlock/ashlock/internal/testkit/pgtest"
 	"github.com/ashlock/ashlock/migrations"
 )
 
+// TestMain stops the shared PostgreSQL server (if pgtest started one) and
+// then checks that no goroutine leaked.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	code := pgtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 type testBundle struct {
@@ -431,14 +441,12 @@ func requireRendered(t *testing.T, s string) {
 	require.NotContains(t, s, "<no value>")
 }
 
-// TestPostgres runs against a real server when SQLLOCK_POSTGRES_URL is set.
-// Each subtest works in its own fresh schema, dropped afterwards.
+// TestPostgres runs against the PostgreSQL harness (internal/pgtest): it
+// skips without a server, and fails instead when SQLLOCK_REQUIRE_POSTGRES=1,
+// as in CI. Each subtest works in its own fresh schema, dropped afterwards.
 func TestPostgres(t *testing.T) {
 	t.Parallel()
-	url := os.Getenv("SQLLOCK_POSTGRES_URL")
-	if url == "" {
-		t.Skip("SQLLOCK_POSTGRES_URL not set")
-	}
+	url := pgtest.New(t).AdminURL
 	ctx := context.Background()
 
 	open := func(t *testing.T, searchPath string) *sql.DB {
@@ -528,24 +536,80 @@ func TestPostgres(t *testing.T) {
 		require.True(t, relExists(t, db, schema, "sqllock_locks_version"))
 	})
 
+	// ConcurrentUp is the test of the session advisory lock that serializes
+	// migrations: while another session holds it, every Up must wait (not
+	// one may create a table), and once it is released each Up succeeds and
+	// the migration is applied once. Without the lock the Up calls return
+	// while it is held, and the test fails on every run.
 	t.Run("ConcurrentUp", func(t *testing.T) {
 		t.Parallel()
 		schema := newSchema(t, "t_")
 		o := migrations.Options{Schema: schema}
 		const n = 4
 		dbs := make([]*sql.DB, n)
-		for i := range dbs {
-			dbs[i] = open(t, "")
+		// application_name tells these sessions apart from the other
+		// subtests' in pg_stat_activity.
+		sep := "?"
+		if strings.Contains(url, "?") {
+			sep = "&"
 		}
+		for i := range dbs {
+			db, err := sql.Open("pgx", url+sep+"application_name="+schema)
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, db.Close()) })
+			dbs[i] = db
+		}
+		admin := open(t, "")
+		// The holder takes the lock the way another host's migration would.
+		holder, err := admin.Conn(ctx)
+		require.NoError(t, err)
+		defer holder.Close()
+		_, err = holder.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, migrations.LockID(o))
+		require.NoError(t, err)
+		unlocked := false
+		unlock := func() {
+			if !unlocked {
+				unlocked = true
+				_, err := holder.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, migrations.LockID(o))
+				require.NoError(t, err)
+			}
+		}
+		defer unlock()
+
 		errs := make(chan error, n)
 		for _, db := range dbs {
 			go func() { errs <- migrations.Up(ctx, migrations.Postgres, db, o) }()
 		}
+		// Wait until each Up has asked for the lock (and been refused),
+		// failing at once if any returns meanwhile.
+		waiting := func() int {
+			var k int
+			require.NoError(t, admin.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE application_name = $1 AND query LIKE '%pg_try_advisory_lock%'`, schema).Scan(&k))
+			return k
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for waiting() < n {
+			select {
+			case err := <-errs:
+				t.Fatalf("Up returned while another session held the migration lock: %v", err)
+			case <-time.After(20 * time.Millisecond):
+			}
+			require.True(t, time.Now().Before(deadline), "the Up calls never asked for the migration lock")
+		}
+		select {
+		case err := <-errs:
+			t.Fatalf("Up returned while another session held the migration lock: %v", err)
+		default:
+		}
+		require.False(t, relExists(t, admin, schema, "sqllock_locks"), "a table was created under another session's lock")
+
+		unlock()
 		for range n {
 			require.NoError(t, <-errs)
 		}
 		var applied int
-		require.NoError(t, dbs[0].QueryRow(`SELECT count(*) FROM `+schema+`.sqllock_locks_version WHERE version_id > 0`).Scan(&applied))
+		require.NoError(t, holder.QueryRowContext(ctx, `SELECT count(*) FROM `+schema+`.sqllock_locks_version WHERE version_id > 0`).Scan(&applied))
 		require.Equal(t, 1, applied)
 	})
 }

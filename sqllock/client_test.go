@@ -159,33 +159,42 @@ func TestDefaultRenewIntervalIsTTLOverThree(t *testing.T) {
 	})
 }
 
+// TestLocalDeadlineFromSendTime checks G3's starting point: the local
+// deadline counts from the moment the request was sent, never from the
+// reply. Both the request and the reply are delayed (the backend has no say
+// in the local deadline: Lease carries none), so a guard that counts from
+// the reply is off by the round trip and fails here.
 func TestLocalDeadlineFromSendTime(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		const delay = 700 * time.Millisecond
-		tb := setup(t, sqllock.Options{Margin: 50 * time.Millisecond})
-		// The backend applies the request at once but the reply takes
-		// delay: the lease began at send time, so the local deadline must
-		// count from there.
+		const reqDelay, replyDelay = 300 * time.Millisecond, 400 * time.Millisecond
+		const margin = 50 * time.Millisecond
+		tb := setup(t, sqllock.Options{Margin: margin})
+		// The request reaches the backend reqDelay after it was sent, and
+		// the reply arrives replyDelay after the backend applied it.
 		tb.b.acquire = func(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+			time.Sleep(reqDelay)
 			l, err := tb.mem.TryAcquire(ctx, req)
-			time.Sleep(delay)
+			time.Sleep(replyDelay)
 			return l, err
 		}
 		tb.b.renew = func(ctx context.Context, l sqllock.Lease, d time.Duration) (sqllock.Lease, error) {
+			time.Sleep(reqDelay)
 			nl, err := tb.mem.TryRenew(ctx, l, d)
-			time.Sleep(delay)
+			time.Sleep(replyDelay)
 			return nl, err
 		}
 		sent := time.Now()
 		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
 		require.NoError(t, err)
-		require.Equal(t, sent.Add(ttl-50*time.Millisecond), g.LocalDeadline())
+		require.Equal(t, sent.Add(ttl-margin), g.LocalDeadline(), "acquire: counted from the send time")
 
-		// The first renewal is sent at sent+interval, answered delay later.
-		time.Sleep(interval + delay + time.Millisecond)
+		// The first renewal is sent at sent+interval and answered
+		// reqDelay+replyDelay later.
+		time.Sleep(time.Until(sent.Add(interval + reqDelay + replyDelay + time.Millisecond)))
 		require.NoError(t, g.Err())
-		require.Equal(t, sent.Add(interval+ttl-50*time.Millisecond), g.LocalDeadline())
+		require.Equal(t, 1, tb.b.n("renew"))
+		require.Equal(t, sent.Add(interval+ttl-margin), g.LocalDeadline(), "renew: counted from the send time")
 		require.NoError(t, g.Release(t.Context()))
 	})
 }
@@ -510,10 +519,16 @@ func TestAcquireWaitBound(t *testing.T) {
 		holder, err := tb.client.TryAcquire(t.Context(), "k", nil)
 		require.NoError(t, err)
 		start := time.Now()
-		_, err = tb.client.Acquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: 2 * time.Second})
+		// The holder renews forever, so an Acquire that ignored Wait
+		// would never return: the backstop ends it (in bubble time, at
+		// once) and the elapsed time below tells the two apart, instead
+		// of the test hanging until go test's timeout.
+		backstop, stop := context.WithTimeout(t.Context(), time.Minute)
+		defer stop()
+		_, err = tb.client.Acquire(backstop, "k", &sqllock.AcquireOptions{Wait: 2 * time.Second})
+		require.Equal(t, 2*time.Second, time.Since(start), "Acquire must give up when Wait passes")
 		require.ErrorIs(t, err, sqllock.ErrNotAcquired)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
-		require.Equal(t, 2*time.Second, time.Since(start))
 
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()

@@ -4,11 +4,17 @@ import (
 	"context"
 	"log"
 	"os"
+	"os/exec"
+	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/dialect/postgres"
+	"github.com/ashlock/ashlock/internal/testkit/pgtest"
+	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -73,3 +79,62 @@ func ExampleBackend_FencedTx() {
 		log.Fatal(err) // errors.Is(err, sqllock.ErrLeaseLost): nothing was written
 	}
 }
+
+// TestExamples runs the examples above on the PostgreSQL harness's server,
+// with DATABASE_URL naming a migrated schema, and checks what they did. They
+// have no Output comment because go test's example runner has no server to
+// give them; without this test they would only be compiled. Each runs in a
+// child process (this test binary again), so that an example's log.Fatal
+// fails the test instead of ending the binary before the server is stopped.
+func TestExamples(t *testing.T) {
+	examples := map[string]func(){
+		"Example":                 Example,
+		"ExampleBackend_FencedTx": ExampleBackend_FencedTx,
+	}
+	if name := os.Getenv(exampleEnv); name != "" {
+		examples[name]() // the child
+		return
+	}
+	db := pgtest.New(t)
+	ctx := t.Context()
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, migrations.Options{Schema: db.Schema}))
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE invoices (id int PRIMARY KEY, state text NOT NULL);
+		INSERT INTO invoices VALUES (42, 'draft')`)
+	require.NoError(t, err)
+
+	run := func(t *testing.T, name string) {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestExamples$", "-test.count=1")
+		cmd.Env = append(os.Environ(), exampleEnv+"="+name, "DATABASE_URL="+db.URL)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s failed:\n%s", name, out)
+	}
+	// lock returns the key's token and whether it is held.
+	lock := func(t *testing.T, key string) (token int64, held bool) {
+		t.Helper()
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT token, held FROM sqllock_locks WHERE key = $1`, key).Scan(&token, &held))
+		return token, held
+	}
+
+	t.Run("Example", func(t *testing.T) {
+		run(t, "Example")
+		token, held := lock(t, "reports/daily")
+		require.EqualValues(t, 1, token, "granted once")
+		require.False(t, held, "released by Do")
+	})
+
+	t.Run("Backend_FencedTx", func(t *testing.T) {
+		run(t, "ExampleBackend_FencedTx")
+		var state string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT state FROM invoices WHERE id = 42`).Scan(&state))
+		require.Equal(t, "sent", state, "the fenced write committed")
+		token, held := lock(t, "invoices/42")
+		require.EqualValues(t, 1, token)
+		require.False(t, held)
+	})
+}
+
+// exampleEnv names the example a child process of TestExamples runs.
+const exampleEnv = "SQLLOCK_TEST_EXAMPLE"

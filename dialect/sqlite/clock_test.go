@@ -44,7 +44,10 @@ func openStepped(t *testing.T, path string) *Backend {
 	return b
 }
 
-// pollAcquire tries to acquire key every 2 ms until granted or until, and
+// pollEvery is how often pollAcquire tries.
+const pollEvery = 2 * time.Millisecond
+
+// pollAcquire tries to acquire key every pollEvery until granted or until, and
 // returns the grant and the time just after its reply.
 func pollAcquire(t *testing.T, b *Backend, key, owner string, ttl time.Duration, until time.Time) (sqllock.Lease, time.Time, bool) {
 	t.Helper()
@@ -54,7 +57,7 @@ func pollAcquire(t *testing.T, b *Backend, key, owner string, ttl time.Duration,
 			return l, time.Now(), true
 		}
 		require.ErrorIs(t, err, sqllock.ErrNotAcquired)
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(pollEvery)
 	}
 	return sqllock.Lease{}, time.Time{}, false
 }
@@ -109,17 +112,34 @@ INSERT INTO data VALUES (1, '', 0);`)
 				continue
 			}
 			// B writes; A, still within its local deadline, writes after.
+			// The figures below are counted from what happened, and the
+			// assertions come after them, so a failure prints them too.
+			var attempted, rejected, applied, anomalies int
 			require.True(t, fencedWrite(lb))
-			require.False(t, fencedWrite(la), "A's stale write was applied")
+			attempted++
+			if fencedWrite(la) {
+				applied++
+				anomalies++
+			} else {
+				rejected++
+			}
 			var v string
 			require.NoError(t, a.db.QueryRowContext(testCtx(t), `SELECT v FROM data WHERE id = 1`).Scan(&v))
-			require.Equal(t, "B", v)
+			if v != "B" {
+				anomalies++
+			}
 			_, err = a.TryRenew(testCtx(t), la, ttl)
 			var lost *sqllock.LostError
+			if !errors.As(err, &lost) || lost.Reason != sqllock.LostTaken {
+				anomalies++
+			}
+			t.Logf("RESULT test=SQ-5/forward backend=sqlite step=%v margin=%v overlap_ms=%d stale_writes={attempted:%d, rejected:%d, applied:%d} anomalies=%d",
+				step, margin, overlap.Milliseconds(), attempted, rejected, applied, anomalies)
+			require.Zero(t, applied, "A's stale write was applied")
+			require.Equal(t, "B", v)
 			require.True(t, errors.As(err, &lost), "A's renew: %v", err)
 			require.Equal(t, sqllock.LostTaken, lost.Reason)
-			t.Logf("RESULT test=SQ-5/forward backend=sqlite step=%v margin=%v overlap_ms=%d stale_writes={attempted:1, rejected:1, applied:0} anomalies=0",
-				step, margin, overlap.Milliseconds())
+			require.Zero(t, anomalies)
 		}
 	})
 
@@ -145,7 +165,8 @@ INSERT INTO data VALUES (1, '', 0);`)
 
 	// Backward step of one TTL under a holder that is gone: the lease
 	// lasts that much longer in real time, so the takeover is delayed by
-	// the step and by no more (plus the polling).
+	// the step and by no more than B's polling (every pollEvery), one
+	// round trip and scheduling: backwardAllowance.
 	t.Run("BackwardDelaysTakeover", func(t *testing.T) {
 		const ttl, step = 500 * time.Millisecond, 500 * time.Millisecond
 		clockOffsetMS.Store(0)
@@ -160,13 +181,31 @@ INSERT INTO data VALUES (1, '', 0);`)
 		require.True(t, ok, "B never acquired")
 		require.Equal(t, la.Token+1, lb.Token)
 		after := grantedAt.Sub(sent)
+		// beyond is how much later than the stepped deadline B got the key.
+		beyond := after - ttl - step
+		anomalies := 0
 		// Never before the stepped deadline (ms resolution: 1 ms of slack).
-		require.GreaterOrEqual(t, after, ttl+step-time.Millisecond, "taken over before the stepped deadline")
-		delay := after - ttl
-		t.Logf("RESULT test=SQ-5/backward backend=sqlite step=%v ttl=%v delay_ms=%d (bound: the step + polling) anomalies=0",
-			step, ttl, delay.Milliseconds())
-		// Liveness: delayed by the step, not by more than the step plus
-		// a generous allowance for polling on a loaded machine.
-		require.Less(t, delay, step+5*time.Second)
+		early := beyond < -time.Millisecond
+		// Liveness: delayed by the step, and by no more than the polling,
+		// a round trip and scheduling.
+		late := beyond > backwardAllowance
+		for _, bad := range []bool{early, late} {
+			if bad {
+				anomalies++
+			}
+		}
+		t.Logf("RESULT test=SQ-5/backward backend=sqlite step=%v ttl=%v delay_ms=%d beyond_step_ms=%d bound_ms=%d anomalies=%d",
+			step, ttl, (after - ttl).Milliseconds(), beyond.Milliseconds(), backwardAllowance.Milliseconds(), anomalies)
+		require.False(t, early, "taken over %v before the stepped deadline", -beyond)
+		require.False(t, late, "taken over %v after the stepped deadline; bound %v", beyond, backwardAllowance)
 	})
 }
+
+// backwardAllowance bounds how long after the stepped deadline B gets the
+// key: its polling (every pollEvery), the acquire's round trip on a local
+// file, and scheduling. Measured on a 2-core machine, 20 runs each: at most
+// 20 ms idle, 33 ms with both cores busy with other work, 160 ms under
+// -race with three busy loops competing for the two cores. The bound is
+// 2.5 times the worst of those, and still short of the step itself, so a
+// lease that lasts a step longer than the clock says is caught.
+const backwardAllowance = 400 * time.Millisecond

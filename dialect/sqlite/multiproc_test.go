@@ -422,9 +422,15 @@ func TestMultiProcessKillHolder(t *testing.T) {
 	}
 	require.NotNil(t, next, "nobody took over token %d", victimToken)
 	require.GreaterOrEqual(t, next.BackendMS, victimDeadline, "taken over before the killed holder's deadline")
-	// G5: within TTL + a poll interval + a round trip of the crash; the
-	// waiters poll at most every 250 ms. A loose bound for a loaded machine.
-	require.Less(t, next.BackendMS-victimDeadline, int64(3000), "takeover %d ms after the deadline", next.BackendMS-victimDeadline)
+	// G5: within TTL + a poll interval + a round trip of the crash. The
+	// waiters poll every 0.5-2.5 ms (never past the holder's remaining
+	// lease), so the takeover comes within one poll of the deadline plus
+	// an allowance of 400 ms for the round trip, the recovery of the write
+	// lock the victim died holding, and scheduling on a loaded 2-core
+	// machine. Measured: at most 24 ms over 5 idle runs, 114 ms over 3 runs
+	// under -race on a machine with a load average of 15.
+	const takeoverBound = 2500*time.Microsecond + 400*time.Millisecond
+	require.LessOrEqual(t, next.BackendMS-victimDeadline, takeoverBound.Milliseconds(), "takeover %d ms after the deadline; bound %v", next.BackendMS-victimDeadline, takeoverBound)
 	t.Logf("victim token %d killed %v before its deadline; takeover %d ms after the deadline (TTL %v)",
 		victimToken, time.Duration(victimDeadline-killedAt.UnixMilli())*time.Millisecond, next.BackendMS-victimDeadline, ttl)
 
