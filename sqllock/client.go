@@ -275,6 +275,29 @@ func (c *Client) releaseQuietly(ctx context.Context, l Lease) {
 	}
 }
 
+// List reports the keys that start with prefix (an empty prefix lists
+// every key), in key order, as the backend sees them now: the latest token
+// of each, its owner, and whether it is held with how long it has left.
+// The prefix is validated before any I/O ([ValidatePrefix]).
+func (c *Client) List(ctx context.Context, prefix string) ([]LockInfo, error) {
+	if err := ValidatePrefix(prefix); err != nil {
+		return nil, err
+	}
+	return c.b.List(ctx, prefix)
+}
+
+// Watch returns a channel that receives a value when the backend signals
+// a release of key, and a function that stops watching, when the backend
+// can signal releases ([Watcher]); ok is false when it cannot (then poll).
+func (c *Client) Watch(key string) (ch <-chan struct{}, stop func(), ok bool) {
+	w, ok := c.b.(Watcher)
+	if !ok {
+		return nil, func() {}, false
+	}
+	ch, stop = w.Watch(key)
+	return ch, stop, true
+}
+
 // Do acquires key (waiting as [Client.Acquire] does), runs fn with a context
 // that is cancelled when the lease is lost, and releases the lease when fn
 // returns (also if fn panics). It returns fn's error; if the lease was lost
