@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"errors"
 	"database/sql"
 	"database/sql/driver"
 	"path/filepath"
@@ -29,6 +30,16 @@ func busyAppHandle(t *testing.T) (*Backend, *sql.DB, func()) {
 	b, err := New(db, Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { b.Close() })
+	// Prepare every statement first: a prepared statement waits for its
+	// connection inside database/sql, not in PrepareContext.
+	l, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "warm", TTL: time.Minute, Owner: "w"})
+	require.NoError(t, err)
+	_, err = b.TryRenew(testCtx(t), l, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, b.Release(testCtx(t), l))
+	require.NoError(t, b.Release(testCtx(t), l)) // the peek statement too
+	_, err = b.List(testCtx(t), "")
+	require.NoError(t, err)
 	tx, err := db.BeginTx(testCtx(t), &sql.TxOptions{ReadOnly: true})
 	require.NoError(t, err)
 	var n int
@@ -71,6 +82,7 @@ func TestContextBoundsTheWaitForAConnection(t *testing.T) {
 		elapsed := time.Since(start)
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded, name)
+		require.ErrorIs(t, err, sqllock.ErrUnavailable, "%s: not sent, as when the database is busy", name)
 		require.NotErrorIs(t, err, sqllock.ErrIndeterminate, "%s: nothing was sent", name)
 		require.Less(t, elapsed, budget+allowance, "%s waited for the application's connection past its context", name)
 	}
@@ -87,7 +99,7 @@ func TestContextBoundsTheWaitForAConnection(t *testing.T) {
 func TestShield(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
-	sctx, args, release := shield(ctx, []any{"k", int64(1)})
+	sctx, args, g, release := shield(ctx, []any{"k", int64(1)})
 	v, err := args[0].(driver.Valuer).Value()
 	require.NoError(t, err)
 	require.Equal(t, "k", v)
@@ -97,15 +109,20 @@ func TestShield(t *testing.T) {
 	v, err = args[0].(driver.Valuer).Value()
 	require.NoError(t, err, "a second conversion (a retry on a bad connection) is decided by the first")
 	require.Equal(t, "k", v)
+	require.Equal(t, context.Canceled, g.notSent(context.Canceled), "a statement that reached the driver keeps its own error")
 	release()
 	require.Error(t, sctx.Err(), "release ends the statement's context")
 
 	ctx, cancel = context.WithCancel(context.Background())
-	sctx, args, release = shield(ctx, []any{"k"})
+	sctx, args, g, release = shield(ctx, []any{"k"})
 	defer release()
 	cancel()
 	<-sctx.Done() // waiting for a connection: the caller's context ends it
 	_, err = args[0].(driver.Valuer).Value()
 	require.ErrorIs(t, err, context.Canceled, "not sent once the caller's context has ended")
 	require.ErrorIs(t, err, sqllock.ErrUnavailable, "as when the context ends while the database is busy")
+	// database/sql's own error when the wait for a connection ends:
+	err = g.notSent(errors.New("sql: statement context cancelled"))
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, err, sqllock.ErrUnavailable)
 }

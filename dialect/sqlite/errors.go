@@ -52,7 +52,8 @@ func (e *busyError) Is(target error) bool { return target == sqllock.ErrUnavaila
 func (e *busyError) Unwrap() error { return e.ctxErr }
 
 // notSentError: the caller's context ended before a statement was sent
-// (while it waited for a connection). Nothing was applied; it matches
+// (before the call, or while it waited for the write slot or a
+// connection). Nothing was applied; it matches
 // [sqllock.ErrUnavailable] and the context's error, as a context that ends
 // while the database is busy does.
 type notSentError struct{ cause error }

@@ -15,13 +15,13 @@ func (b *Backend) write(ctx context.Context, op func(context.Context) error) err
 	if b.closed.Load() {
 		return errClosed
 	}
-	if err := ctx.Err(); err != nil {
-		return err
+	if ctx.Err() != nil {
+		return &notSentError{cause: context.Cause(ctx)}
 	}
 	select {
 	case b.writeSlot <- struct{}{}:
 	case <-ctx.Done():
-		return ctx.Err()
+		return &notSentError{cause: context.Cause(ctx)}
 	}
 	defer func() { <-b.writeSlot }()
 	return b.retry(ctx, b.retryTimeout, op)
@@ -32,8 +32,8 @@ func (b *Backend) read(ctx context.Context, op func(context.Context) error) erro
 	if b.closed.Load() {
 		return errClosed
 	}
-	if err := ctx.Err(); err != nil {
-		return err
+	if ctx.Err() != nil {
+		return &notSentError{cause: context.Cause(ctx)}
 	}
 	return b.retry(ctx, b.retryTimeout, op)
 }

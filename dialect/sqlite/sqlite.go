@@ -564,11 +564,11 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		if err != nil {
 			return err
 		}
-		sctx, args, release := shield(ctx, args)
+		sctx, args, g, release := shield(ctx, args)
 		defer release()
 		rows, err := stmt.QueryContext(sctx, args...)
 		if err != nil {
-			return err
+			return g.notSent(err)
 		}
 		defer rows.Close()
 		for rows.Next() {

@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // queryRow runs a statement that returns at most one row, scans it into
@@ -17,11 +18,11 @@ func (b *Backend) queryRow(ctx context.Context, query string, args []any, dest .
 	if err != nil {
 		return false, err
 	}
-	sctx, args, release := shield(ctx, args)
+	sctx, args, g, release := shield(ctx, args)
 	defer release()
 	rows, err := stmt.QueryContext(sctx, args...)
 	if err != nil {
-		return false, err
+		return false, g.notSent(err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -65,15 +66,18 @@ func (b *Backend) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 // outcome would be unknown, and a statement lasts at most the busy timeout
 // plus one commit. database/sql converts the arguments with the connection
 // in hand, right before it hands the statement to the driver; the first
-// argument's conversion closes the gate. If ctx ended before that, the
-// statement is not sent and the caller gets ctx's error. Call release when
-// the statement's rows are closed.
-func shield(ctx context.Context, args []any) (sctx context.Context, gated []any, release func()) {
+// argument's conversion closes the gate. If ctx ends before that, the
+// statement is not sent: the wait for a connection ends (database/sql
+// reports the cancelled statement context, a prepared statement's usual
+// case) or the conversion refuses (when ctx ends just as the connection
+// comes), and notSent turns either into a *notSentError with ctx's cause.
+// Call release when the statement's rows are closed.
+func shield(ctx context.Context, args []any) (sctx context.Context, gated []any, g *gate, release func()) {
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, cancel)
-	g := &gate{ctx: ctx, stop: stop}
+	g = &gate{ctx: ctx, stop: stop}
 	gated = append([]any{gatedArg{v: args[0], g: g}}, args[1:]...)
-	return sctx, gated, func() { stop(); cancel() }
+	return sctx, gated, g, func() { stop(); cancel() }
 }
 
 // gate is shut by the first conversion of its statement's arguments.
@@ -81,7 +85,16 @@ type gate struct {
 	ctx  context.Context
 	stop func() bool
 	once sync.Once
-	shut bool // the caller's context can no longer cancel the statement
+	shut atomic.Bool // the caller's context can no longer cancel the statement
+}
+
+// notSent returns err, or a *notSentError when err came before the
+// statement reached the driver and the caller's context had ended.
+func (g *gate) notSent(err error) error {
+	if err != nil && !g.shut.Load() && g.ctx.Err() != nil {
+		return &notSentError{cause: context.Cause(g.ctx)}
+	}
+	return err
 }
 
 // gatedArg is a statement argument whose conversion shuts its gate.
@@ -93,8 +106,8 @@ type gatedArg struct {
 // Value implements [driver.Valuer]. database/sql may convert the arguments
 // more than once (a retry on a bad connection): the first call decides.
 func (a gatedArg) Value() (driver.Value, error) {
-	a.g.once.Do(func() { a.g.shut = a.g.stop() })
-	if !a.g.shut {
+	a.g.once.Do(func() { a.g.shut.Store(a.g.stop()) })
+	if !a.g.shut.Load() {
 		return nil, &notSentError{cause: context.Cause(a.g.ctx)}
 	}
 	return driver.DefaultParameterConverter.ConvertValue(a.v)
