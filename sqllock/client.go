@@ -241,7 +241,14 @@ func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lea
 		sctx, cancel = c.releaseContext(ctx)
 		defer cancel()
 	}
-	for attempt := 1; attempt <= 5 && sctx.Err() == nil; attempt++ {
+	const repeats = 5
+	for attempt := 1; attempt <= repeats && sctx.Err() == nil; attempt++ {
+		if attempt > 1 {
+			sleep(sctx, c.opts.Backoff(attempt-1))
+			if sctx.Err() != nil {
+				break
+			}
+		}
 		sent = time.Now()
 		l, err2 := c.b.TryAcquire(sctx, req)
 		switch {
@@ -255,7 +262,6 @@ func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lea
 		default:
 			return Lease{}, sent, err2 // settled: not ours (or a permanent error)
 		}
-		sleep(sctx, c.opts.Backoff(attempt))
 	}
 	return Lease{}, sent, err
 }

@@ -89,10 +89,11 @@
 //     create a second tenure.
 //   - G7: invalid input fails before any I/O, the same way on every backend.
 //   - G8: after Release or cancellation no goroutine of the Guard remains,
-//     unless Release's context ended while a renewal was stuck in a backend
-//     call that ignores cancellation (the goroutine ends when the call
-//     returns). Backends may keep shared resources of their own until their
-//     Close (the PostgreSQL backend's LISTEN connection).
+//     unless Release's context (or ReleaseTimeout) ended before the
+//     watchdog returned: then a renewal still in flight is cancelled and
+//     the goroutine, with any connection it holds, ends when the backend
+//     call returns. Backends may keep shared resources of their own until
+//     their Close (the PostgreSQL backend's LISTEN connection).
 //
 // Not promised: exclusion for unfenced side effects when A2 or A3 fail;
 // FIFO fairness among waiters; progress while the database is down;
