@@ -19,6 +19,7 @@ import (
 	"github.com/ashlock/ashlock/internal/testkit/pgtest"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
+	"github.com/ashlock/ashlock/sqllock/backendtest"
 )
 
 // privPool opens a pool on db's schema as user with password.
@@ -230,7 +231,7 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 // wait, a hang or a misleading "held".
 // wakeBound bounds the time from a release to the waiting Acquire's return
 // on PostgreSQL (the README: a waiter wakes "at once" on a release signal).
-const wakeBound = 250 * time.Millisecond
+const wakeBound = backendtest.WakeBound // 500 ms: see there
 
 func TestPostgresReadOnlySession(t *testing.T) {
 	t.Parallel()

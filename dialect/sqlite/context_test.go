@@ -2,9 +2,9 @@ package sqlite
 
 import (
 	"context"
-	"errors"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
