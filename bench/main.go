@@ -117,13 +117,13 @@ func run(ctx context.Context, cfg *config) (err error) {
 	if needPG {
 		url := cfg.databaseURL
 		if url == "" {
-			srv, err := startPG(ctx, logf)
+			srv, err := startPG(logf)
 			if err != nil {
 				return err
 			}
-			defer srv.stop()
-			url = srv.url
-			rep.Env.PGDataDir = srv.dataDir
+			defer stopPG(srv)
+			url = srv.URL
+			rep.Env.PGDataDir = srv.DataDir
 		}
 		pe, err = setupPG(ctx, url, slices.Max(cfg.conc), cfg.keys)
 		if err != nil {

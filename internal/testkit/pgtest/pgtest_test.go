@@ -261,13 +261,3 @@ func TestUnavailable(t *testing.T) {
 		require.Empty(t, f.skipped)
 	})
 }
-
-func TestFindBinDir(t *testing.T) {
-	t.Parallel()
-	dir, reason := findBinDir()
-	if dir == "" {
-		unavailable(t, "no PostgreSQL binaries: "+reason) // fails when SQLLOCK_REQUIRE_POSTGRES=1
-	}
-	require.True(t, hasServerBinaries(dir), dir)
-	require.Greater(t, versionOf("/usr/lib/postgresql/17/bin"), versionOf("/usr/lib/postgresql/9/bin"))
-}
