@@ -17,7 +17,11 @@
 // The Backend also implements [sqllock.Watcher] with LISTEN/NOTIFY on one
 // shared connection (see [Options.DisableNotify] for PgBouncer in transaction
 // mode), and [Backend.FencedTx] runs a transaction in the same database that
-// commits only while a lease is held.
+// commits only while a lease is held. A release notifies only when a waiter
+// marked the lease: while a key is watched, the first refused attempt of a
+// tenure sets the row's "waited" column (migration 00003), once; a
+// TryAcquire that does not wait never writes. On a table that lacks the
+// column the Backend falls back to notifying every release.
 //
 // # Durability
 //
@@ -93,15 +97,16 @@ type Options struct {
 	DisableNotify bool
 
 	// DurableRelease makes Release commit synchronously, like grants and
-	// renewals (at least synchronous_commit=on, whatever the session says). By default a release commits asynchronously: it needs no
-	// durability (lost in a server crash, the lease just ends at its
-	// deadline, as a crashed holder's would; grants and renewals stay
-	// durable, and any later grant of the key flushes the release first), and
-	// a synchronous notifying commit holds PostgreSQL's global NOTIFY lock
-	// until its WAL flush, which serializes concurrent releases on the disk
-	// (measured: 0.36× the raw statements at 16 goroutines, against ≈1× with
-	// the asynchronous release). Set it where a server crash must not delay
-	// the next holder by up to one TTL.
+	// renewals (at least synchronous_commit=on, whatever the session says).
+	// By default a release commits asynchronously: it needs no durability
+	// (lost in a server crash, the lease just ends at its deadline, as a
+	// crashed holder's would; grants and renewals stay durable, and any
+	// later grant of the key flushes the release first), and it saves one
+	// WAL flush per acquire/release pair. A durable release that notifies a
+	// waiter holds PostgreSQL's global NOTIFY lock until its WAL flush, so
+	// concurrent notifying releases serialize on the disk; releases that
+	// nobody waits for send no notification and do not. Set it where a
+	// server crash must not delay the next holder by up to one TTL.
 	DurableRelease bool
 
 	// Logger receives the listener's connection problems. Nil discards.
@@ -208,13 +213,12 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	if opts.DurableRelease {
 		releaseCommit = durableSQL
 	}
-	notify, notified := "", "0::bigint"
+	notify := "0"
 	if b.notify {
-		notify, notified = notifyCTE, notifiedSQL
+		notify = notifySQL
 	}
 	fill := func(q string) string {
-		q = strings.ReplaceAll(q, "{{notify_cte}}", notify)
-		q = strings.ReplaceAll(q, "{{notified}}", notified)
+		q = strings.ReplaceAll(q, "{{notify}}", notify)
 		q = strings.ReplaceAll(q, "{{release_commit}}", releaseCommit)
 		q = strings.ReplaceAll(q, "{{durable}}", durableSQL)
 		q = strings.ReplaceAll(q, "{{table}}", quoted)

@@ -6,8 +6,9 @@ package postgres
 // always bind parameters, never pasted.
 //
 // Every statement is one round trip and reads the database clock once, with
-// clock_timestamp() in a materialized "now" CTE (not now(), which is the
-// start of the enclosing transaction), and returns the time it used. TTLs are
+// clock_timestamp() (not now(), which is the start of the enclosing
+// transaction) in a materialized "now" CTE, or, in releaseSQL, once in
+// whichever branch answers; and it returns the time it used. TTLs are
 // bound as whole microseconds, rounded up in Go, and turned into an interval
 // with "$n::bigint * interval '1 microsecond'", exact for every TTL up to
 // sqllock.MaxTTL.
@@ -184,20 +185,29 @@ WHERE NOT EXISTS (SELECT FROM upd)`
 // snapshot saw them (read only when nothing was released, as in
 // acquireSQL), the database time used, and how many notifications it sent.
 //
+// It is the lightest of the statements, since every pair ends with it: no
+// "now" CTE, as the UPDATE's WHERE needs no clock. Each branch of the
+// UNION ALL reads the clock once: the UPDATE in its RETURNING, the refusal
+// in a one-row subquery (evaluated once, as a plan node of its own).
+//
 // It commits asynchronously unless Options.DurableRelease is set:
 // {{release_commit}} becomes set_config('synchronous_commit', 'off', true),
-// which, in the "now" CTE that every execution evaluates, lasts until the
-// end of the statement's own transaction (SET LOCAL). A release needs no
-// durability: if the server crashes before the WAL writer flushes it (within
-// a few wal_writer_delay, 200 ms by default), the lease comes back as it was
-// and ends at its deadline, as a crashed holder's would; tokens are not
-// touched. Any later grant of the key commits synchronously and so flushes
-// the release first. This halves the fsyncs per acquire/release pair.
+// which, evaluated in the RETURNING of a row it released, lasts until the
+// end of the statement's own transaction (SET LOCAL), so its commit reads
+// it; a release that released nothing assigned no transaction id and
+// commits nothing. A release needs no durability: if the server crashes
+// before the WAL writer flushes it (within a few wal_writer_delay, 200 ms
+// by default), the lease comes back as it was and ends at its deadline, as
+// a crashed holder's would; tokens are not touched. Any later grant of the
+// key commits synchronously and so flushes the release first. This halves
+// the fsyncs per acquire/release pair.
 //
-// With notifications on, {{notify_cte}} adds a pg_notify of the key on the
+// With notifications on, {{notify}} sends a pg_notify of the key on the
 // table's channel (channelSQL) when (and only when) it released a row that
-// a waiter marked ("waited", see acquireSQL), and {{notified}} reads it; the
-// notification is delivered when the statement commits. A release that
+// a waiter marked ("waited", see acquireSQL), and counts it (pg_notify
+// returns void, which is not null); the notification is delivered when the
+// statement commits. The UPDATE returns at most one row (key is the
+// primary key), so the output column sends at most one. A release that
 // nobody waits for sends nothing: a notifying transaction holds
 // PostgreSQL's database-wide notify lock until its commit is flushed, so
 // with a durable release every notifying release serializes on the disk
@@ -205,42 +215,32 @@ WHERE NOT EXISTS (SELECT FROM upd)`
 // release both write the row, so one waits for the other: either the
 // release sees the mark (its UPDATE re-reads the row the mark committed),
 // or the mark sees the release and does not apply, and the waiter, told the
-// row changed, tries again. The "notify" CTE is a SELECT, so it runs only
-// because the final SELECT reads it, in an output column. With
-// notifications off they become nothing and 0: both forms return the same
-// columns.
+// row changed, tries again. With notifications off {{notify}} is 0: both
+// forms return the same columns.
 const releaseSQL = `
-WITH now AS MATERIALIZED (
-    SELECT clock_timestamp() AS now,
-           {{release_commit}} AS async
-), upd AS (
+WITH upd AS (
     UPDATE {{table}} AS l
     SET held = false, owner = $3
-    FROM now AS n
     WHERE l.key = $1 AND l.token = $2 AND l.held
-    RETURNING l.deadline > n.now AS valid, {{waited}} AS waited, l.deadline, n.now
-){{notify_cte}}
-SELECT true AS released, u.valid, $2::bigint AS token, false AS held, u.deadline, $3::text AS owner,
-       u.now, {{notified}} AS notified
+    RETURNING l.deadline, {{waited}} AS waited, clock_timestamp() AS now, {{release_commit}} AS commit
+)
+SELECT true AS released, u.deadline > u.now AS valid, $2::bigint AS token, false AS held, u.deadline,
+       $3::text AS owner, u.now, {{notify}} AS notified
 FROM upd AS u
 UNION ALL
 SELECT false, false, coalesce(c.token, 0), coalesce(c.held, false), coalesce(c.deadline, n.now),
        coalesce(c.owner, ''), n.now, 0
-FROM now AS n LEFT JOIN {{table}} AS c ON c.key = $1
+FROM (SELECT clock_timestamp() AS now) AS n LEFT JOIN {{table}} AS c ON c.key = $1
 WHERE NOT EXISTS (SELECT FROM upd)`
 
 // durableSQL fills {{durable}}: see the top of this file.
 const durableSQL = `CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')
                 THEN set_config('synchronous_commit', 'on', true) END`
 
-// notifyCTE and notifiedSQL fill {{notify_cte}} and {{notified}} of
-// releaseSQL when notifications are on.
-const (
-	notifyCTE = `, notify AS MATERIALIZED (
-    SELECT pg_notify('sqllock.' || {{table_literal}}::regclass::oid::text, $1) FROM upd WHERE upd.waited
-)`
-	notifiedSQL = `(SELECT count(*) FROM notify)`
-)
+// notifySQL fills {{notify}} of releaseSQL when notifications are on.
+const notifySQL = `CASE WHEN u.waited
+           THEN num_nonnulls(pg_notify('sqllock.' || {{table_literal}}::regclass::oid::text, $1))
+           ELSE 0 END`
 
 // peekSQL reads key $1's row as it is now, outside the snapshot of an
 // earlier statement (a Release whose UPDATE lost a race reads it to learn
