@@ -91,6 +91,9 @@ func translatePg(ctx context.Context, prefix, table string, pgErr *pgconn.PgErro
 	case code == "42P01" || code == "3F000": // undefined_table, invalid_schema_name
 		return fmt.Errorf("%s: %w: table %s does not exist: %w",
 			prefix, sqllock.ErrSchemaMissing, table, err)
+	case code == "42703": // undefined_column: the table predates a migration
+		return fmt.Errorf("%s: %w: table %s lacks a column this version needs; "+
+			"run `sqllock migrate up` or migrations.Up: %w", prefix, sqllock.ErrSchemaMissing, table, err)
 	case code == "25006": // read_only_sql_transaction
 		return fmt.Errorf("%s: %w: the database is read-only (a hot standby, or default_transaction_read_only is on); connect to the primary: %w",
 			prefix, sqllock.ErrUnavailable, err)
@@ -134,6 +137,13 @@ func isConnectionError(err error) bool {
 	}
 	_, ok := errors.AsType[net.Error](err)
 	return ok
+}
+
+// missingWaited reports the server's refusal of a statement that names
+// migration 00003's "waited" column on a table that does not have it.
+func missingWaited(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == "42703" && strings.Contains(pgErr.Message, "waited")
 }
 
 // isConflict reports a statement that failed with a serialization failure

@@ -41,9 +41,33 @@ func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
 	// watcher is woken by the first LISTEN like every later one is by a
 	// release.
 	l.add(key, ch)
+	b.watches.Add(1)
 	l.start()
 	var once sync.Once
-	return ch, func() { once.Do(func() { l.remove(key, ch) }) }
+	return ch, func() {
+		once.Do(func() {
+			l.remove(key, ch)
+			b.watches.Add(-1)
+		})
+	}
+}
+
+// watched reports whether key has a watcher on this Backend, so that
+// TryAcquire sends the waiting form of its statement (see acquireSQL).
+// Without any watch it costs one atomic load.
+func (b *Backend) watched(key string) bool {
+	if b.watches.Load() == 0 {
+		return false
+	}
+	b.mu.Lock()
+	l := b.listener
+	b.mu.Unlock()
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.subs[key]) > 0
 }
 
 // listener owns the LISTEN connection and dispatches notifications (whose

@@ -17,7 +17,11 @@
 // The Backend also implements [sqllock.Watcher] with LISTEN/NOTIFY on one
 // shared connection (see [Options.DisableNotify] for PgBouncer in transaction
 // mode), and [Backend.FencedTx] runs a transaction in the same database that
-// commits only while a lease is held.
+// commits only while a lease is held. A release notifies only when a waiter
+// marked the lease: while a key is watched, the first refused attempt of a
+// tenure sets the row's "waited" column (migration 00003), once; a
+// TryAcquire that does not wait never writes. On a table that lacks the
+// column the Backend falls back to notifying every release.
 //
 // # Durability
 //
@@ -93,15 +97,16 @@ type Options struct {
 	DisableNotify bool
 
 	// DurableRelease makes Release commit synchronously, like grants and
-	// renewals (at least synchronous_commit=on, whatever the session says). By default a release commits asynchronously: it needs no
-	// durability (lost in a server crash, the lease just ends at its
-	// deadline, as a crashed holder's would; grants and renewals stay
-	// durable, and any later grant of the key flushes the release first), and
-	// a synchronous notifying commit holds PostgreSQL's global NOTIFY lock
-	// until its WAL flush, which serializes concurrent releases on the disk
-	// (measured: 0.36× the raw statements at 16 goroutines, against ≈1× with
-	// the asynchronous release). Set it where a server crash must not delay
-	// the next holder by up to one TTL.
+	// renewals (at least synchronous_commit=on, whatever the session says).
+	// By default a release commits asynchronously: it needs no durability
+	// (lost in a server crash, the lease just ends at its deadline, as a
+	// crashed holder's would; grants and renewals stay durable, and any
+	// later grant of the key flushes the release first), and it saves one
+	// WAL flush per acquire/release pair. A durable release that notifies a
+	// waiter holds PostgreSQL's global NOTIFY lock until its WAL flush, so
+	// concurrent notifying releases serialize on the disk; releases that
+	// nobody waits for send no notification and do not. Set it where a
+	// server crash must not delay the next holder by up to one TTL.
 	DurableRelease bool
 
 	// Logger receives the listener's connection problems. Nil discards.
@@ -131,15 +136,33 @@ type Backend struct {
 	log    *slog.Logger
 
 	// The statements, with the table filled in.
-	acquireSQL, renewSQL, releaseSQL, peekSQL, listSQL, fenceSQL, channelSQL string
+	renewSQL, peekSQL, listSQL, fenceSQL, channelSQL string
+	// stmts are the statements that use migration 00003's "waited" column,
+	// or, once a statement met a table without it, their legacy forms
+	// (see useLegacy).
+	stmts          atomic.Pointer[markStatements]
+	legacy, marked *markStatements
 
 	beforeRacePeek func() // tests: runs before releaseRaced reads the row
 
 	conflictRetries atomic.Int64 // statements sent again after a conflict (tests)
 
+	// watches counts the watches in progress (Watch calls not yet ended):
+	// while it is 0, TryAcquire knows without a lock that no key is watched.
+	watches atomic.Int64
+
 	mu       sync.Mutex
 	closed   bool
 	listener *listener // started by the first Watch
+}
+
+// markStatements are the statements that read or write "waited": acquire
+// is acquireSQL, acquireWait its waiting form, which marks a held row for
+// its release to notify (TryAcquire sends it while the key is watched), and
+// release is releaseSQL.
+type markStatements struct {
+	acquire, acquireWait, release string
+	legacy                        bool
 }
 
 var (
@@ -190,13 +213,12 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	if opts.DurableRelease {
 		releaseCommit = durableSQL
 	}
-	notify, notified := "", "0::bigint"
+	notify := "0"
 	if b.notify {
-		notify, notified = notifyCTE, notifiedSQL
+		notify = notifySQL
 	}
 	fill := func(q string) string {
-		q = strings.ReplaceAll(q, "{{notify_cte}}", notify)
-		q = strings.ReplaceAll(q, "{{notified}}", notified)
+		q = strings.ReplaceAll(q, "{{notify}}", notify)
 		q = strings.ReplaceAll(q, "{{release_commit}}", releaseCommit)
 		q = strings.ReplaceAll(q, "{{durable}}", durableSQL)
 		q = strings.ReplaceAll(q, "{{table}}", quoted)
@@ -204,9 +226,26 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 		// literal (for ::regclass) it needs no escaping.
 		return strings.ReplaceAll(q, "{{table_literal}}", "'"+quoted+"'")
 	}
-	b.acquireSQL = fill(acquireSQL)
+	forms := func(legacy bool) *markStatements {
+		setWaited, waited := setWaitedSQL, waitedSQL
+		if legacy {
+			setWaited, waited = legacySetWaited, legacyWaited
+		}
+		acquire := strings.ReplaceAll(acquireSQL, "{{set_waited}}", setWaited)
+		m := &markStatements{
+			acquire: fill(strings.NewReplacer("{{mark_cte}}", "", "{{changed}}", "false").Replace(acquire)),
+			release: fill(strings.ReplaceAll(releaseSQL, "{{waited}}", waited)),
+			legacy:  legacy,
+		}
+		m.acquireWait = m.acquire
+		if b.notify && !legacy {
+			m.acquireWait = fill(strings.NewReplacer("{{mark_cte}}", markCTE, "{{changed}}", changedSQL).Replace(acquire))
+		}
+		return m
+	}
+	b.marked, b.legacy = forms(false), forms(true)
+	b.stmts.Store(b.marked)
 	b.renewSQL = fill(renewSQL)
-	b.releaseSQL = fill(releaseSQL)
 	b.peekSQL = fill(peekSQL)
 	b.listSQL = fill(listSQL)
 	b.fenceSQL = fill(fenceSQL)
@@ -253,6 +292,12 @@ func leaseMicros(ttl time.Duration) int64 { return micros(ttl) + 1 }
 // [sqllock.ErrIndeterminate] (and [sqllock.ErrUnavailable] for the broken
 // connection): the grant may have committed, and repeating the same request
 // (same Owner) returns it.
+//
+// While the key is watched ([Backend.Watch], as a client's Acquire does
+// while it waits), an attempt that finds the key held by another owner
+// also marks the lease, once per tenure, so that its release notifies; a
+// release that nobody marked sends no notification. Unwatched, a refused
+// attempt writes nothing.
 func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
@@ -265,9 +310,17 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		token         int64
 		deadline, now time.Time
 		owner         string
+		changed       bool
 	)
-	err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, leaseMicros(req.TTL), req.Owner},
-		&granted, &token, &deadline, &held, &owner, &now)
+	watched := b.watched(req.Key)
+	err := b.withStatements(func(st *markStatements) error {
+		q := st.acquire
+		if watched {
+			q = st.acquireWait
+		}
+		return b.queryRow(ctx, q, []any{req.Key, leaseMicros(req.TTL), req.Owner},
+			&granted, &token, &deadline, &held, &owner, &now, &changed)
+	})
 	if err != nil {
 		return sqllock.Lease{}, b.translate(ctx, opAcquire, req.Key, err)
 	}
@@ -280,6 +333,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			Deadline:    deadline,
 			BackendTime: now,
 		}, nil
+	case changed:
+		// Held in the snapshot, but the row changed (or was locked) before
+		// the waiter's mark could apply: most likely it was released, without
+		// a notification since it had no mark. Try again soon.
+		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key}
 	case held && deadline.After(now):
 		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key, Owner: owner, Token: token, Remaining: deadline.Sub(now)}
 	case token == math.MaxInt64:
@@ -290,6 +348,25 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		// took it first (the UPDATE re-checked the newer row and refused).
 		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key}
 	}
+}
+
+// withStatements runs send with the current statements. If the table lacks
+// migration 00003's "waited" column, the server refused the statement
+// before running it (undefined column), so it switches this Backend to the
+// legacy statements for good, logs it once, and sends again: they keep no
+// mark, and every release notifies, as before 00003. A Backend built after
+// the migration uses the marks.
+func (b *Backend) withStatements(send func(*markStatements) error) error {
+	st := b.stmts.Load()
+	err := send(st)
+	if st.legacy || !missingWaited(err) {
+		return err
+	}
+	if b.stmts.CompareAndSwap(st, b.legacy) {
+		b.log.Warn("sqllock/postgres: the lock table lacks the \"waited\" column of migration 00003; "+
+			"every release notifies until this Backend is rebuilt after `sqllock migrate up`", "table", b.table)
+	}
+	return send(b.legacy)
 }
 
 // TryRenew implements [sqllock.Backend.TryRenew] in one statement. A miss is
@@ -376,8 +453,10 @@ func (b *Backend) release(ctx context.Context, l sqllock.Lease) error {
 		deadline, now         time.Time
 		owner                 string
 	)
-	err := b.queryRow(ctx, b.releaseSQL, []any{l.Key, l.Token, l.Owner},
-		&released, &valid, &current, &held, &deadline, &owner, &now, &notified)
+	err := b.withStatements(func(st *markStatements) error {
+		return b.queryRow(ctx, st.release, []any{l.Key, l.Token, l.Owner},
+			&released, &valid, &current, &held, &deadline, &owner, &now, &notified)
+	})
 	if err != nil {
 		return b.translate(ctx, opRelease, l.Key, err)
 	}

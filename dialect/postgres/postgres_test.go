@@ -53,7 +53,7 @@ func TestNew(t *testing.T) {
 	b, err := New(&pgxpool.Pool{}, Options{Schema: "Mixed", Table: "select"})
 	require.NoError(t, err)
 	require.Equal(t, `"Mixed"."select"`, b.table)
-	require.Contains(t, b.acquireSQL, `INSERT INTO "Mixed"."select"`)
+	require.Contains(t, b.marked.acquire, `INSERT INTO "Mixed"."select"`)
 	require.Contains(t, b.channelSQL, `'"Mixed"."select"'::regclass`)
 }
 
@@ -76,7 +76,8 @@ func TestOptionsSchemaAndTable(t *testing.T) {
 	require.ErrorIs(t, err, sqllock.ErrNotAcquired)
 	ch, stop := b.Watch("k")
 	defer stop()
-	<-ch // the listener is listening
+	<-ch               // the listener is listening
+	waiting(t, b, "k") // marks the lease, so its release notifies
 	require.NoError(t, b.Release(testCtx(t), l))
 	select {
 	case <-ch:
@@ -261,10 +262,10 @@ func TestFailedAcquireWritesNothing(t *testing.T) {
 	require.NotNil(t, xid, "control: a refused upsert should assign a transaction id")
 
 	walOf := func(sql string, args ...any) (records, bytes int64) { return planWAL(t, b, sql, args...) }
-	records, bytes := walOf(b.acquireSQL, args...)
+	records, bytes := walOf(b.marked.acquire, args...)
 	require.Zero(t, records, "a refused TryAcquire wrote WAL (%d bytes)", bytes)
 	// Control: the count sees the statement's CTEs (a grant writes).
-	records, _ = walOf(b.acquireSQL, "free", int64(60_000_000), "w")
+	records, _ = walOf(b.marked.acquire, "free", int64(60_000_000), "w")
 	require.Positive(t, records, "control: a granting TryAcquire should write WAL")
 	records, bytes = walOf(upsert, args...)
 	require.Positive(t, records, "control: a refused upsert should write WAL (a row lock)")
@@ -335,7 +336,7 @@ func TestRefusedAcquireWALWhileRenewed(t *testing.T) {
 		var err error
 		l, err = b.TryRenew(ctx, l, time.Hour)
 		require.NoError(t, err)
-		r, by := planWAL(t, b, b.acquireSQL, "hot", int64(60_000_000), "waiter")
+		r, by := planWAL(t, b, b.marked.acquire, "hot", int64(60_000_000), "waiter")
 		records += r
 		bytes += by
 		if r > 0 {

@@ -6,8 +6,9 @@ package postgres
 // always bind parameters, never pasted.
 //
 // Every statement is one round trip and reads the database clock once, with
-// clock_timestamp() in a materialized "now" CTE (not now(), which is the
-// start of the enclosing transaction), and returns the time it used. TTLs are
+// clock_timestamp() (not now(), which is the start of the enclosing
+// transaction) in a materialized "now" CTE, or, in releaseSQL, once in
+// whichever branch answers; and it returns the time it used. TTLs are
 // bound as whole microseconds, rounded up in Go, and turned into an interval
 // with "$n::bigint * interval '1 microsecond'", exact for every TTL up to
 // sqllock.MaxTTL.
@@ -34,11 +35,12 @@ package postgres
 // It is shaped so that a failed attempt on a held key locks no row, writes no
 // WAL and assigns no transaction id (BENCH.md): the grant is a plain
 // conditional UPDATE, which does nothing when its WHERE does not match, and
-// the INSERT runs only when the key has no row at all in the statement's
-// snapshot. An INSERT ... ON CONFLICT DO UPDATE ... WHERE on every attempt
-// would lock the row and flush WAL even when it grants nothing; here its
-// conflict arm runs only in a race between first inserts of a key, which
-// waits for the other insert to end and then sees the committed row:
+// the INSERT runs only when the UPDATE granted nothing and the key has no
+// row at all in the statement's snapshot. An INSERT ... ON CONFLICT DO
+// UPDATE ... WHERE on every attempt would lock the row and flush WAL even
+// when it grants nothing; here its conflict arm runs only in a race between
+// first inserts of a key, which waits for the other insert to end and then
+// sees the committed row:
 //   - the other insert was this same request (an attempt whose reply was
 //     lost while its commit was slow): the conflict arm matches the same
 //     owner's unexpired lease and extends it, so the repeat gets the grant
@@ -53,146 +55,192 @@ package postgres
 //   - a new tenure: the lease is released or expired (deadline <= now), and
 //     the token has room to grow (tokens never wrap: at the end of bigint
 //     nothing is granted and the caller reports sqllock.ErrTokenExhausted);
+//     it clears "waited" (migration 00003): nobody waits for this tenure yet;
 //   - a same-owner retry: the lease is held, unexpired, by $3 (an acquire
-//     whose reply was lost); the token stays and the deadline moves to
-//     now + TTL.
+//     whose reply was lost); the token and "waited" stay and the deadline
+//     moves to now + TTL.
 //
-// The result is always exactly one row: granted, and the grant (token,
-// deadline) or the current row as the statement's snapshot saw it (token,
-// deadline, held, owner; token 0 when the key had no row), and the database
-// time used. Every sub-statement sees the same snapshot, so "cur" is the row
-// before the UPDATE.
+// The result is always exactly one row, from one of three branches of a
+// UNION ALL: the UPDATE's grant, the INSERT's grant, or, only when neither
+// granted (their EXISTS tests are one-time filters, so a grant reads no
+// more than the row it updates), the current row as the statement's
+// snapshot saw it (token 0 when the key had no row). Its columns: granted,
+// token, deadline, held, owner (the holder's, on refusal), the database
+// time used, and "changed" (see the waiting form below). Every
+// sub-statement sees the same snapshot, so the refusal reports the row as
+// it was before the statement.
+//
+// The waiting form (acquireWaitSQL) is sent while this Backend has a
+// watcher of the key (a client's Acquire waits for it, see Backend.Watch):
+// {{mark_cte}} adds a third UPDATE that sets "waited" on a lease held,
+// unexpired, by another owner that does not have it yet, so that the
+// holder's release notifies (releaseSQL). That is one write per waited
+// tenure: once it is set, the next attempts match nothing and write
+// nothing, like any refused acquire. The mark's row is locked FOR NO KEY
+// UPDATE SKIP LOCKED first, so a waiter never waits on a row lock (a fenced
+// transaction's FOR SHARE, a renewal or release in flight); and it commits
+// asynchronously (set_config in its RETURNING, which only a statement that
+// marked evaluates: such a statement granted nothing, so no grant is ever
+// made non-durable by it): a lost mark only costs time. The three UPDATEs
+// never touch the same row version: their WHEREs exclude each other on the
+// snapshot's version, and only a sub-statement that matched it re-checks a
+// newer one. {{changed}} is true when the snapshot's row needed the mark but
+// the mark did not apply: the row was locked or changed meanwhile (above
+// all, the holder released it, and so did not see a mark to notify for),
+// and the caller reports a refusal without details, to try again soon. The
+// plain form (acquireSQL) has no mark, and "changed" is false.
 const acquireSQL = `
 WITH now AS MATERIALIZED (
     SELECT clock_timestamp() AS now,
            {{durable}} AS durable
-), cur AS MATERIALIZED (
-    SELECT token, held, deadline, owner FROM {{table}} WHERE key = $1
 ), upd AS (
     UPDATE {{table}} AS l
-    SET token = CASE WHEN l.held AND l.deadline > n.now AND l.owner = $3
-                     THEN l.token ELSE l.token + 1 END,
+    SET token = CASE WHEN l.held AND l.deadline > n.now THEN l.token ELSE l.token + 1 END,
         held = true,
         deadline = n.now + $2::bigint * interval '1 microsecond',
-        owner = $3
+        owner = $3{{set_waited}}
     FROM now AS n
     WHERE l.key = $1
       AND ((l.held AND l.deadline > n.now AND l.owner = $3)
            OR ((NOT l.held OR l.deadline <= n.now) AND l.token < 9223372036854775807))
-    RETURNING l.token, l.deadline
+    RETURNING l.token, l.deadline, n.now
 ), ins AS (
     INSERT INTO {{table}} AS l (key, token, held, deadline, owner)
     SELECT $1, 1, true, n.now + $2::bigint * interval '1 microsecond', $3
     FROM now AS n
-    WHERE NOT EXISTS (SELECT FROM cur)
+    WHERE NOT EXISTS (SELECT FROM upd) AND NOT EXISTS (SELECT FROM {{table}} WHERE key = $1)
     ON CONFLICT (key) DO UPDATE
     SET deadline = excluded.deadline
     WHERE l.held AND l.owner = excluded.owner
       AND l.deadline > excluded.deadline - $2::bigint * interval '1 microsecond'
     RETURNING l.token, l.deadline
+){{mark_cte}}
+SELECT true AS granted, u.token, u.deadline, true AS held, ''::text AS owner, u.now, false AS changed
+FROM upd AS u
+UNION ALL
+SELECT true, i.token, i.deadline, true, '', n.now, false
+FROM ins AS i, now AS n
+UNION ALL
+SELECT false, coalesce(c.token, 0), coalesce(c.deadline, n.now), coalesce(c.held, false),
+       coalesce(c.owner, ''), n.now, {{changed}}
+FROM now AS n LEFT JOIN {{table}} AS c ON c.key = $1
+WHERE NOT EXISTS (SELECT FROM upd) AND NOT EXISTS (SELECT FROM ins)`
+
+// markCTE and changedSQL fill {{mark_cte}} and {{changed}} of acquireSQL in
+// its waiting form (acquireWaitSQL); see acquireSQL.
+const (
+	markCTE = `, mark AS (
+    UPDATE {{table}} AS l
+    SET waited = true
+    WHERE l.key = (
+        SELECT w.key FROM {{table}} AS w, now AS n
+        WHERE w.key = $1 AND w.held AND w.deadline > n.now AND w.owner <> $3 AND NOT w.waited
+        FOR NO KEY UPDATE OF w SKIP LOCKED)
+    RETURNING set_config('synchronous_commit', 'off', true) AS async
+)`
+	changedSQL = `coalesce(c.held AND c.deadline > n.now AND c.owner <> $3 AND NOT c.waited
+        AND NOT EXISTS (SELECT FROM mark), false)`
 )
-SELECT (u.token IS NOT NULL OR i.token IS NOT NULL) AS granted,
-       coalesce(u.token, i.token, c.token, 0) AS token,
-       coalesce(u.deadline, i.deadline, c.deadline, n.now) AS deadline,
-       coalesce(c.held, false) AS held,
-       coalesce(c.owner, '') AS owner,
-       n.now
-FROM now AS n
-LEFT JOIN upd AS u ON true
-LEFT JOIN ins AS i ON true
-LEFT JOIN cur AS c ON true`
+
+// setWaitedSQL and waitedSQL fill {{set_waited}} of acquireSQL and
+// {{waited}} of releaseSQL on a table with migration 00003's "waited"
+// column. On a table without it (a database not yet migrated) the Backend
+// falls back to legacySetWaited and legacyWaited: no mark is kept, and
+// every release notifies, as before 00003 (see Backend.useLegacy).
+const (
+	setWaitedSQL = `,
+        waited = l.waited AND l.held AND l.deadline > n.now`
+	waitedSQL       = `l.waited`
+	legacySetWaited = ``
+	legacyWaited    = `true`
+)
 
 // renewSQL extends lease ($1, $2) to now + $3 microseconds iff it is held
 // and unexpired. It returns one row: renewed, the new deadline (or the
 // current one), the current token (0 when the key has no row) and held flag
-// as the snapshot saw them, and the database time used.
+// as the snapshot saw them, and the database time used. As in acquireSQL,
+// the current row is read only when the UPDATE renewed nothing.
 const renewSQL = `
 WITH now AS MATERIALIZED (
     SELECT clock_timestamp() AS now,
            {{durable}} AS durable
-), cur AS MATERIALIZED (
-    SELECT token, held, deadline FROM {{table}} WHERE key = $1
 ), upd AS (
     UPDATE {{table}} AS l
     SET deadline = n.now + $3::bigint * interval '1 microsecond'
     FROM now AS n
     WHERE l.key = $1 AND l.token = $2 AND l.held AND l.deadline > n.now
-    RETURNING l.deadline
+    RETURNING l.deadline, n.now
 )
-SELECT u.deadline IS NOT NULL AS renewed,
-       coalesce(u.deadline, c.deadline, n.now) AS deadline,
-       coalesce(c.token, 0) AS token,
-       coalesce(c.held, false) AS held,
-       n.now
-FROM now AS n
-LEFT JOIN upd AS u ON true
-LEFT JOIN cur AS c ON true`
+SELECT true AS renewed, u.deadline, $2::bigint AS token, true AS held, u.now
+FROM upd AS u
+UNION ALL
+SELECT false, coalesce(c.deadline, n.now), coalesce(c.token, 0), coalesce(c.held, false), n.now
+FROM now AS n LEFT JOIN {{table}} AS c ON c.key = $1
+WHERE NOT EXISTS (SELECT FROM upd)`
 
 // releaseSQL clears held on lease ($1, $2) iff its token is current, keeping
 // the token and deadline, and records $3 as the owner who released it. It
 // returns one row: released, whether the released lease was still valid
 // (deadline > now), the current token, held flag, deadline and owner as the
-// snapshot saw them, and the database time used.
+// snapshot saw them (read only when nothing was released, as in
+// acquireSQL), the database time used, and how many notifications it sent.
+//
+// It is the lightest of the statements, since every pair ends with it: no
+// "now" CTE, as the UPDATE's WHERE needs no clock. Each branch of the
+// UNION ALL reads the clock once: the UPDATE in its RETURNING, the refusal
+// in a one-row subquery (evaluated once, as a plan node of its own).
 //
 // It commits asynchronously unless Options.DurableRelease is set:
 // {{release_commit}} becomes set_config('synchronous_commit', 'off', true),
-// which, in the "now" CTE that every execution evaluates, lasts until the
-// end of the statement's own transaction (SET LOCAL). A release needs no
-// durability: if the server crashes before the WAL writer flushes it (within
-// a few wal_writer_delay, 200 ms by default), the lease comes back as it was
-// and ends at its deadline, as a crashed holder's would; tokens are not
-// touched. Any later grant of the key commits synchronously and so flushes
-// the release first. This halves the fsyncs per acquire/release pair, and
-// above all keeps the fsync out of PostgreSQL's global NOTIFY lock, which a
-// notifying transaction holds until its commit is flushed: with synchronous
-// commit, notifying releases serialize on the disk (BENCH.md ratio 0.36 at
-// 16 goroutines).
+// which, evaluated in the RETURNING of a row it released, lasts until the
+// end of the statement's own transaction (SET LOCAL), so its commit reads
+// it; a release that released nothing assigned no transaction id and
+// commits nothing. A release needs no durability: if the server crashes
+// before the WAL writer flushes it (within a few wal_writer_delay, 200 ms
+// by default), the lease comes back as it was and ends at its deadline, as
+// a crashed holder's would; tokens are not touched. Any later grant of the
+// key commits synchronously and so flushes the release first. This halves
+// the fsyncs per acquire/release pair.
 //
-// With notifications on, {{notify_cte}} adds a pg_notify of the key on the
-// table's channel (channelSQL) when (and only when) a row was released, and
-// {{notified}} reads it; the notification is delivered when the statement
-// commits. The "notify" CTE is a SELECT, so it runs only because the final
-// SELECT reads it, in an output column (a LEFT JOIN that reads none of its
-// columns would be removed by the planner, and the notification with it).
-// With notifications off they become nothing and 0: both forms return the
-// same columns.
+// With notifications on, {{notify}} sends a pg_notify of the key on the
+// table's channel (channelSQL) when (and only when) it released a row that
+// a waiter marked ("waited", see acquireSQL), and counts it (pg_notify
+// returns void, which is not null); the notification is delivered when the
+// statement commits. The UPDATE returns at most one row (key is the
+// primary key), so the output column sends at most one. A release that
+// nobody waits for sends nothing: a notifying transaction holds
+// PostgreSQL's database-wide notify lock until its commit is flushed, so
+// with a durable release every notifying release serializes on the disk
+// (BENCH.md: 0.36× the raw statements at 16 goroutines). The mark and the
+// release both write the row, so one waits for the other: either the
+// release sees the mark (its UPDATE re-reads the row the mark committed),
+// or the mark sees the release and does not apply, and the waiter, told the
+// row changed, tries again. With notifications off {{notify}} is 0: both
+// forms return the same columns.
 const releaseSQL = `
-WITH now AS MATERIALIZED (
-    SELECT clock_timestamp() AS now,
-           {{release_commit}} AS async
-), cur AS MATERIALIZED (
-    SELECT token, held, deadline, owner FROM {{table}} WHERE key = $1
-), upd AS (
+WITH upd AS (
     UPDATE {{table}} AS l
     SET held = false, owner = $3
-    FROM now AS n
     WHERE l.key = $1 AND l.token = $2 AND l.held
-    RETURNING l.deadline > n.now AS valid
-){{notify_cte}}
-SELECT u.valid IS NOT NULL AS released,
-       coalesce(u.valid, false) AS valid,
-       coalesce(c.token, 0) AS token,
-       coalesce(c.held, false) AS held,
-       coalesce(c.deadline, n.now) AS deadline,
-       coalesce(c.owner, '') AS owner,
-       n.now,
-       {{notified}} AS notified
-FROM now AS n
-LEFT JOIN upd AS u ON true
-LEFT JOIN cur AS c ON true`
+    RETURNING l.deadline, {{waited}} AS waited, clock_timestamp() AS now, {{release_commit}} AS commit
+)
+SELECT true AS released, u.deadline > u.now AS valid, $2::bigint AS token, false AS held, u.deadline,
+       $3::text AS owner, u.now, {{notify}} AS notified
+FROM upd AS u
+UNION ALL
+SELECT false, false, coalesce(c.token, 0), coalesce(c.held, false), coalesce(c.deadline, n.now),
+       coalesce(c.owner, ''), n.now, 0
+FROM (SELECT clock_timestamp() AS now) AS n LEFT JOIN {{table}} AS c ON c.key = $1
+WHERE NOT EXISTS (SELECT FROM upd)`
 
 // durableSQL fills {{durable}}: see the top of this file.
 const durableSQL = `CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')
                 THEN set_config('synchronous_commit', 'on', true) END`
 
-// notifyCTE and notifiedSQL fill {{notify_cte}} and {{notified}} of
-// releaseSQL when notifications are on.
-const (
-	notifyCTE = `, notify AS MATERIALIZED (
-    SELECT pg_notify('sqllock.' || {{table_literal}}::regclass::oid::text, $1) FROM upd
-)`
-	notifiedSQL = `(SELECT count(*) FROM notify)`
-)
+// notifySQL fills {{notify}} of releaseSQL when notifications are on.
+const notifySQL = `CASE WHEN u.waited
+           THEN num_nonnulls(pg_notify('sqllock.' || {{table_literal}}::regclass::oid::text, $1))
+           ELSE 0 END`
 
 // peekSQL reads key $1's row as it is now, outside the snapshot of an
 // earlier statement (a Release whose UPDATE lost a race reads it to learn

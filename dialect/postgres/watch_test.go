@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/sqllock"
 )
 
 // wakeWithin waits for a wake-up on ch and returns how long it took.
@@ -47,6 +49,18 @@ func listening(t *testing.T, b *Backend, first <-chan struct{}, others ...<-chan
 	}
 }
 
+// waiting makes the refused acquire attempt of a waiter on b, which
+// watches key: like a client's waiting Acquire, it marks the holder's lease
+// so that its release notifies (see acquireSQL).
+func waiting(t *testing.T, b *Backend, key string) {
+	t.Helper()
+	require.True(t, b.watched(key), "waiting(%q) without a watch", key)
+	_, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: "waiter"})
+	var he *sqllock.HeldError
+	require.ErrorAs(t, err, &he)
+	require.NotEmpty(t, he.Owner, "the waiter's attempt saw the holder")
+}
+
 func (l *listener) listeningPID() uint32 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -74,6 +88,7 @@ func TestWatch(t *testing.T) {
 		var lat []time.Duration
 		for range 20 {
 			l := acquireOK(t, other, "k", "o1", time.Minute)
+			waiting(t, b, "k")
 			start := time.Now()
 			require.NoError(t, other.Release(testCtx(t), l))
 			wakeWithin(t, ch, 10*time.Second, "Release by another Backend")
@@ -84,6 +99,7 @@ func TestWatch(t *testing.T) {
 
 		// A refused or a stale release notifies nobody.
 		l := acquireOK(t, other, "k", "o1", time.Minute)
+		waiting(t, b, "k")
 		stale := l
 		stale.Token--
 		require.Error(t, other.Release(testCtx(t), stale))
@@ -93,8 +109,20 @@ func TestWatch(t *testing.T) {
 		// The wake-up of a later release proves the earlier one sent none.
 		l2 := acquireOK(t, other, "k", "o1", time.Minute)
 		noWake(t, ch, "a second release of a released lease, or an acquire")
+		waiting(t, b, "k")
 		require.NoError(t, other.Release(testCtx(t), l2))
 		wakeWithin(t, ch, 10*time.Second, "Release")
+
+		// A release that nobody marked sends nothing; notifications reach
+		// the listener in commit order, so once a later marked release of
+		// "unrelated" arrives, one from "k" would have arrived too.
+		l3 := acquireOK(t, other, "k", "o1", time.Minute)
+		require.NoError(t, other.Release(testCtx(t), l3))
+		u := acquireOK(t, other, "unrelated", "o1", time.Minute)
+		waiting(t, b, "unrelated")
+		require.NoError(t, other.Release(testCtx(t), u))
+		wakeWithin(t, unrelated, 10*time.Second, "Release of unrelated")
+		noWake(t, ch, "a release nobody waited for")
 	})
 
 	// Same table name, two schemas (as with a schema per tenant reached
@@ -108,13 +136,21 @@ func TestWatch(t *testing.T) {
 		marker, stopMarker := a.Watch("marker")
 		defer stopMarker()
 		listening(t, a, ch, marker)
+		bch, stopB := b.Watch("k")
+		defer stopB()
+		listening(t, b, bch)
 
+		// b's release of "k" notifies (it is marked by a waiter on b), on
+		// b's channel only.
 		l := acquireOK(t, b, "k", "o1", time.Minute)
+		waiting(t, b, "k")
 		require.NoError(t, b.Release(testCtx(t), l))
+		wakeWithin(t, bch, 10*time.Second, "Release in b's table")
 		// Notifications reach a listener in commit order: once the later
 		// marker release arrives, any notification of b's release would
 		// have arrived too.
 		m := acquireOK(t, a, "marker", "o1", time.Minute)
+		waiting(t, a, "marker")
 		require.NoError(t, a.Release(testCtx(t), m))
 		wakeWithin(t, marker, 10*time.Second, "Release of the marker")
 		noWake(t, ch, "a release in another schema's table")
@@ -139,6 +175,7 @@ func TestWatch(t *testing.T) {
 		require.NotEqual(t, pid, b.listener.listeningPID())
 
 		l := acquireOK(t, b, "k", "o1", time.Minute)
+		waiting(t, b, "k")
 		require.NoError(t, b.Release(testCtx(t), l))
 		wakeWithin(t, ch, 10*time.Second, "Release after the reconnect")
 	})
@@ -154,9 +191,11 @@ func TestWatch(t *testing.T) {
 		l := acquireOK(t, b, "k", "o1", time.Minute)
 		require.NoError(t, b.Release(testCtx(t), l))
 		// Stopped: the next watcher's wake-up comes, the stopped one's not.
+		require.False(t, b.watched("k"), "a stopped watch still marks")
 		ch2, stop2 := b.Watch("k")
 		defer stop2()
 		l = acquireOK(t, b, "k", "o1", time.Minute)
+		waiting(t, b, "k")
 		require.NoError(t, b.Release(testCtx(t), l))
 		wakeWithin(t, ch2, 10*time.Second, "Release")
 		noWake(t, ch, "a stopped watch")
@@ -168,6 +207,7 @@ func TestWatch(t *testing.T) {
 		ch3, stop3 := b.Watch("k")
 		defer stop3()
 		l = acquireOK(t, b, "k", "o1", time.Minute) // still usable after Close
+		require.False(t, b.watched("k"), "a watch after Close marks")
 		require.NoError(t, b.Release(testCtx(t), l))
 		noWake(t, ch3, "a watch after Close")
 		// The listening session ends on the server (it notices the closed
@@ -184,7 +224,7 @@ func TestWatch(t *testing.T) {
 		t.Parallel()
 		bundle := newBundle(t, Options{DisableNotify: true})
 		b := bundle.backend
-		require.NotContains(t, b.releaseSQL, "pg_notify")
+		require.NotContains(t, b.marked.release, "pg_notify")
 		ch, stop := b.Watch("k")
 		defer stop()
 		// A Backend that does notify, on the same table: Watch of the
@@ -195,7 +235,9 @@ func TestWatch(t *testing.T) {
 		loudCh, stopLoud := loud.Watch("k")
 		defer stopLoud()
 		listening(t, loud, loudCh)
+		require.Equal(t, b.marked.acquire, b.marked.acquireWait, "DisableNotify never marks")
 		l := acquireOK(t, loud, "k", "o1", time.Minute)
+		waiting(t, loud, "k")
 		require.NoError(t, loud.Release(testCtx(t), l))
 		wakeWithin(t, loudCh, 10*time.Second, "Release")
 		noWake(t, ch, "Watch with DisableNotify")
