@@ -16,11 +16,15 @@ import (
 )
 
 // The design's two statements on SQLite, as the backend's clock expression
-// computes them (integer Unix milliseconds).
+// computes them (integer Unix milliseconds), on a table with the same
+// schema as the backend's: migration 00002's trigger refuses an insert
+// whose token is below the row's, which SQLite checks for an upsert too, so
+// the insert carries the row's current token, as the backend's does.
 const (
 	sqliteNow        = `CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER)`
 	sqliteRawAcquire = `
-INSERT INTO raw_locks (key, token, held, deadline, owner) VALUES (?1, 1, 1, $NOW + ?2, ?3)
+INSERT INTO raw_locks (key, token, held, deadline, owner)
+VALUES (?1, coalesce((SELECT token FROM raw_locks WHERE key = ?1), 1), 1, $NOW + ?2, ?3)
 ON CONFLICT (key) DO UPDATE SET token = token + 1, held = 1, deadline = excluded.deadline, owner = excluded.owner
 WHERE NOT held OR deadline <= $NOW
 RETURNING token`
