@@ -77,6 +77,11 @@ type Watcher interface {
 	// holds at most one) after key may have become free, and a function that
 	// stops the watch and must be called once. Call Watch before the acquire
 	// attempt it should follow, so that no release is missed in between.
+	// The signal is promised for a release of a lease that an acquire
+	// attempt through this backend was refused while the watch was on (as
+	// a waiting Acquire's are): a backend may signal only such releases,
+	// as the PostgreSQL backend does, so that releases nobody waits for
+	// cost nothing.
 	Watch(key string) (<-chan struct{}, func())
 }
 

@@ -103,9 +103,16 @@ func TestDeadlinesAreDatabaseTime(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(testCtx(t), "SELECT deadline FROM "+b.table+" WHERE key = 'k'").Scan(&dbDeadline))
 	require.True(t, dbDeadline.Equal(l.Deadline), "%v != %v", dbDeadline, l.Deadline)
 
-	again := acquireOK(t, b, "k", "o1", time.Minute)
+	// The same owner's repeat keeps the token and extends the deadline to
+	// now + TTL, but never moves it back (see queries.go): a repeat with a
+	// shorter TTL keeps the later deadline.
+	again := acquireOK(t, b, "k", "o1", ttl)
 	require.Equal(t, l.Token, again.Token)
-	require.Equal(t, time.Minute+time.Microsecond, again.Deadline.Sub(again.BackendTime))
+	require.Equal(t, 3600000002*time.Microsecond, again.Deadline.Sub(again.BackendTime))
+	require.True(t, again.Deadline.After(l.Deadline))
+	shorter := acquireOK(t, b, "k", "o1", time.Minute)
+	require.Equal(t, l.Token, shorter.Token)
+	require.True(t, shorter.Deadline.Equal(again.Deadline), "%v moved back to %v", again.Deadline, shorter.Deadline)
 }
 
 // countingTracer counts the statements a pool sends and the statements it

@@ -21,14 +21,25 @@ package postgres
 // next grant repeat its token (G2); a renewal that a crash took back would
 // move the database deadline back under the guard's local deadline (G3).
 // With synchronous standbys configured, on waits for them too, so a failover
-// cannot lose an acknowledged grant either. remote_write, on and
+// cannot lose an acknowledged grant either (see below for the exception). remote_write, on and
 // remote_apply are kept as the user set them. A refused acquire assigns no
 // transaction id and so commits nothing: the setting costs it nothing.
 //
 // If a statement waits on a row lock (a concurrent writer, or a fenced
 // transaction holding the row FOR SHARE), its "now" is from before the wait:
 // an expiry decision made with it is conservative, and a deadline computed
-// from it is earlier than it would be, never later.
+// from it is earlier than it would be, never later. Earlier must not mean
+// backwards: a renewal (or a same-owner repeat) that waited may find the
+// row already renewed by a later statement of the same lease, whose
+// deadline (and the guard's local deadline counted from its send time) is
+// later than this one's now + TTL; so these statements keep the later of the
+// two (greatest), and a lease's deadline never moves back under its guard.
+// A grant of a new tenure sets now + TTL.
+//
+// With synchronous standbys, an acknowledged grant survives a failover
+// unless the wait for the standby was cancelled (pg_cancel_backend, or a
+// cancel request sent when a caller's context ended): PostgreSQL then
+// commits locally, warns, and answers as for a commit.
 
 // acquireSQL grants $1 to owner $3 for $2 microseconds, or reports the holder.
 //
@@ -47,7 +58,10 @@ package postgres
 //     back with its token, exactly as the UPDATE's same-owner arm does once
 //     the row is in the snapshot;
 //   - another owner won: nothing is granted, and the loser reports "held"
-//     without details (the row it lost to was not in its snapshot).
+//     without details (the row it lost to was not in its snapshot). Like
+//     any ON CONFLICT DO UPDATE it has locked the row (so, in this race
+//     only, a refused attempt takes a transaction id, and waits if the
+//     winner's lease is already in a fenced transaction).
 //
 // In the conflict arm "now" is excluded.deadline minus the TTL.
 //
@@ -97,7 +111,9 @@ WITH now AS MATERIALIZED (
     UPDATE {{table}} AS l
     SET token = CASE WHEN l.held AND l.deadline > n.now THEN l.token ELSE l.token + 1 END,
         held = true,
-        deadline = n.now + $2::bigint * interval '1 microsecond',
+        deadline = CASE WHEN l.held AND l.deadline > n.now
+                        THEN greatest(l.deadline, n.now + $2::bigint * interval '1 microsecond')
+                        ELSE n.now + $2::bigint * interval '1 microsecond' END,
         owner = $3{{set_waited}}
     FROM now AS n
     WHERE l.key = $1
@@ -110,7 +126,7 @@ WITH now AS MATERIALIZED (
     FROM now AS n
     WHERE NOT EXISTS (SELECT FROM upd) AND NOT EXISTS (SELECT FROM {{table}} WHERE key = $1)
     ON CONFLICT (key) DO UPDATE
-    SET deadline = excluded.deadline
+    SET deadline = greatest(l.deadline, excluded.deadline)
     WHERE l.held AND l.owner = excluded.owner
       AND l.deadline > excluded.deadline - $2::bigint * interval '1 microsecond'
     RETURNING l.token, l.deadline
@@ -166,7 +182,7 @@ WITH now AS MATERIALIZED (
            {{durable}} AS durable
 ), upd AS (
     UPDATE {{table}} AS l
-    SET deadline = n.now + $3::bigint * interval '1 microsecond'
+    SET deadline = greatest(l.deadline, n.now + $3::bigint * interval '1 microsecond')
     FROM now AS n
     WHERE l.key = $1 AND l.token = $2 AND l.held AND l.deadline > n.now
     RETURNING l.deadline, n.now

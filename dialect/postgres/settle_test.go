@@ -97,3 +97,47 @@ func TestClientSettlesSlowFirstAcquire(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(testCtx(t), "SELECT held, owner FROM "+b.table+" WHERE key = 'first'").Scan(&held, &owner))
 	require.False(t, held && strings.HasPrefix(owner, c.Owner()+"/"), "an orphan grant holds the key for the caller (owner %q)", owner)
 }
+
+// TestDeadlineNeverMovesBack: a renewal that waited on a row lock read its
+// clock before the wait; when another renewal of the same lease committed a
+// later deadline meanwhile, the waiting one must not move it back (G3: the
+// guard's local deadline counts from the later renewal's send time).
+func TestDeadlineNeverMovesBack(t *testing.T) {
+	t.Parallel()
+	bundle := newBundle(t, Options{})
+	b := bundle.backend
+	ctx := testCtx(t)
+	l := acquireOK(t, b, "k", "o", time.Minute)
+
+	// A transaction holds the row, as a concurrent writer would.
+	tx, err := bundle.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, "SELECT FROM "+b.table+" WHERE key = 'k' FOR UPDATE")
+	require.NoError(t, err)
+
+	// R1 reads its clock now, then waits for the row.
+	r1 := make(chan error, 1)
+	go func() {
+		_, err := b.TryRenew(ctx, l, time.Minute)
+		r1 <- err
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()").Scan(&n)
+		return err == nil && n > 0
+	}, 10*time.Second, 5*time.Millisecond, "R1 never waited for the row")
+	time.Sleep(300 * time.Millisecond)
+
+	// R2, inside the transaction, renews later and commits first.
+	inTx, err := newBackend(tx, bundle.db.Pool, Options{})
+	require.NoError(t, err)
+	l2, err := inTx.TryRenew(ctx, l, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-r1)
+
+	var deadline time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT deadline FROM "+b.table+" WHERE key = 'k'").Scan(&deadline))
+	require.False(t, deadline.Before(l2.Deadline), "the deadline moved back from %v to %v", l2.Deadline, deadline)
+}

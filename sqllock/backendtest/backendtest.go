@@ -647,10 +647,20 @@ func testWatch(t *testing.T, h Harness) {
 	}
 	ch, stop := w.Watch("w")
 	defer stop()
+	// A waiter's attempt, refused while the watch is on: the release of the
+	// lease it was refused by must signal (see sqllock.Watcher).
+	waiterRefused := func() {
+		t.Helper()
+		if _, err := b.TryAcquire(ctx(t), sqllock.AcquireRequest{Key: "w", TTL: ttl, Owner: "waiter"}); !errors.Is(err, sqllock.ErrNotAcquired) {
+			t.Fatalf("the waiter's attempt on a held key: %v, want ErrNotAcquired", err)
+		}
+	}
 	// The first signal may come from the backend setting up its watch (a
 	// PostgreSQL listener wakes its watchers once it listens, since a
 	// release may have been missed before): allow time for a connection.
-	release(t, b, acquire(t, b, "w", "o1"))
+	l := acquire(t, b, "w", "o1")
+	waiterRefused()
+	release(t, b, l)
 	select {
 	case <-ch:
 	case <-time.After(10 * time.Second):
@@ -662,6 +672,7 @@ func testWatch(t *testing.T, h Harness) {
 	var lat []time.Duration
 	for i := range 3 {
 		l := acquire(t, b, "w", "o1")
+		waiterRefused()
 		drain(ch) // a spurious or late signal must not stand in for this one
 		start := time.Now()
 		release(t, b, l)
