@@ -290,10 +290,11 @@ func (g *Guard) parentEnded() {
 //
 // Release is bounded by ctx and by Options.ReleaseTimeout; if ctx has
 // already ended, the release still runs, bounded by ReleaseTimeout alone.
-// It does not wait for a renewal in flight before it releases (a renewal
-// applied after the release finds nothing to renew), and it waits for the
-// watchdog to return only while that bound lasts: a renewal stuck in a
-// backend that ignores cancellation ends on its own, later.
+// It cancels a renewal in flight and waits for the watchdog to return for
+// at most half of that bound before it releases, and for the rest of the
+// bound after: a renewal stuck in a backend that ignores cancellation ends
+// on its own, later (a renewal applied after the release finds nothing to
+// renew).
 func (g *Guard) Release(ctx context.Context) error {
 	ctx, cancel := g.c.releaseContext(ctx)
 	defer cancel()
@@ -315,6 +316,12 @@ func (g *Guard) release(ctx context.Context) error {
 	g.cancel(ErrReleased)
 	g.wdCancel()
 	if first {
+		// The renewal in flight, if any, was just cancelled: give the
+		// watchdog up to half of the bound to return, so that the release
+		// is the lease's last operation at the backend (and the order of
+		// the two never depends on scheduling), but keep the other half
+		// for the release itself when a backend ignores cancellation.
+		g.awaitWatchdog(ctx)
 		g.finishErr = g.releaseBackend(ctx)
 		close(g.finished)
 	} else {
@@ -329,6 +336,21 @@ func (g *Guard) release(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	return g.finishErr
+}
+
+// awaitWatchdog waits for the watchdog to return, for at most half of the
+// time ctx has left.
+func (g *Guard) awaitWatchdog(ctx context.Context) {
+	wait := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
+		defer cancel()
+	}
+	select {
+	case <-g.done:
+	case <-wait.Done():
+	}
 }
 
 // releaseBackend releases the lease at the backend (unless a newer token or
