@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -232,14 +233,7 @@ func (e *Election) lead(ctx context.Context, l *Leadership, fn func(context.Cont
 }
 
 func (e *Election) sleep(ctx context.Context, attempt int) error {
-	t := time.NewTimer(e.cfg.Backoff(attempt))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return wait.Sleep(ctx, e.cfg.Backoff(attempt))
 }
 
 // transient reports whether campaigning again may succeed after err.
