@@ -282,11 +282,11 @@ func (g *Guard) parentEnded() {
 
 // Release ends the lease and stops the watchdog. It is safe to call more
 // than once, and from several goroutines; every call returns the first
-// call's result, except a later call whose context ends while the first
-// is still at the backend (it returns its context's error). If the lease had been lost before, it returns the
-// [*LostError], so the caller learns that its critical section may have
-// overlapped another holder's; if the backend found the lease no longer
-// valid, it returns that [ErrLeaseLost].
+// call's result, except a later call whose context ends while the first is
+// still at the backend (it returns its context's error). If the lease had
+// been lost before, it returns the [*LostError], so the caller learns that
+// its critical section may have overlapped another holder's; if the backend
+// found the lease no longer valid, it returns that [ErrLeaseLost].
 //
 // Release is bounded by ctx and by Options.ReleaseTimeout; if ctx has
 // already ended, the release still runs, bounded by ReleaseTimeout alone.
