@@ -158,9 +158,7 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 		// ctx ended during the campaign (and cancelled parent): a grant
 		// that came just before is not handed out.
 		if err == nil {
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), sqllock.DefaultReleaseTimeout)
-			_ = g.Release(rctx)
-			rcancel()
+			_ = g.Release(ctx) // ctx has ended: bounded by the Client's ReleaseTimeout
 		}
 		cancel()
 		return nil, ctx.Err()

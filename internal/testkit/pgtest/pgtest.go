@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ashlock/ashlock/internal/testkit/pgserver"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/moby/moby/client"
@@ -188,7 +189,7 @@ func findShared() {
 		shared.adminURL, shared.stop, shared.source = url, stop, "testcontainers (postgres:17-alpine)"
 		return
 	}
-	binDir, why := findBinDir()
+	binDir, why := pgserver.FindBinDir()
 	if binDir == "" {
 		reasons = append(reasons, why)
 		if len(broken) > 0 {
@@ -197,7 +198,7 @@ func findShared() {
 		shared.missing = strings.Join(reasons, "; ")
 		return
 	}
-	s, err := startLocal(binDir, ServerOptions{})
+	s, err := pgserver.StartLocal(binDir, ServerOptions{})
 	if err != nil {
 		broken = append(broken, err)
 		shared.broken = errors.Join(broken...)
@@ -262,7 +263,7 @@ func runContainer() (string, func(bool), error) {
 		stop(true)
 		return "", nil, fmt.Errorf("container URL: %w", err)
 	}
-	if err := waitReady(ctx, u); err != nil {
+	if err := pgserver.WaitReady(ctx, u); err != nil {
 		stop(true)
 		return "", nil, fmt.Errorf("container does not accept connections: %w", err)
 	}

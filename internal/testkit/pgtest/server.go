@@ -1,7 +1,6 @@
 package pgtest
 
 import (
-	"context"
 	"os"
 	"testing"
 	"time"
@@ -23,14 +22,6 @@ const (
 	StopImmediate = pgserver.StopImmediate
 )
 
-func findBinDir() (dir, reason string) { return pgserver.FindBinDir() }
-
-func startLocal(binDir string, opts ServerOptions) (*Server, error) {
-	return pgserver.StartLocal(binDir, opts)
-}
-
-func waitReady(ctx context.Context, url string) error { return pgserver.WaitReady(ctx, url) }
-
 // NewServer starts a dedicated server for a test that stops, restarts or
 // crashes it; it is never the shared one. It needs initdb and pg_ctl on this
 // machine (see the package doc): without them the test is skipped, or fails
@@ -39,12 +30,12 @@ func waitReady(ctx context.Context, url string) error { return pgserver.WaitRead
 // and the log's path is logged.
 func NewServer(t testing.TB, opts ServerOptions) *Server {
 	t.Helper()
-	binDir, reason := findBinDir()
+	binDir, reason := pgserver.FindBinDir()
 	if binDir == "" {
 		unavailable(t, "NewServer needs initdb and pg_ctl: "+reason)
 	}
 	begin := time.Now()
-	s, err := startLocal(binDir, opts)
+	s, err := pgserver.StartLocal(binDir, opts)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
