@@ -46,6 +46,11 @@ func Run(t *testing.T, h Harness) {
 		{"BadInputRefusedWithoutTrace", testBadInput},
 		{"AcceptedEdgeInputs", testEdgeInputs},
 		{"WatchSignalsRelease", testWatch},
+		{"BatchMixedOutcomes", testBatchMixedOutcomes},
+		{"BatchKeyTwice", testBatchKeyTwice},
+		{"BatchEmpty", testBatchEmpty},
+		{"BatchBadElementBeforeIO", testBatchBadElement},
+		{"BatchMany", testBatchMany},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
