@@ -24,9 +24,13 @@ type Client struct {
 
 	closing chan struct{} // closed by Close: wakes waiting Acquires
 
+	sched *scheduler
+	// maxWindow is the longest renew window of any lease (see fire).
+	maxWindow time.Duration
+
 	mu     sync.Mutex // guards closed and guards
 	closed bool
-	guards map[*Guard]struct{}
+	guards *Guard // every Guard not yet released, linked through prev/next
 }
 
 // New returns a Client over b. It validates opts and returns an error
@@ -38,6 +42,10 @@ func New(b Backend, opts Options) (*Client, error) {
 	}
 	opts.TTL = cmp.Or(opts.TTL, DefaultTTL)
 	opts.ReleaseTimeout = cmp.Or(opts.ReleaseTimeout, DefaultReleaseTimeout)
+	if opts.MaxRenewBatch < 0 {
+		return nil, fmt.Errorf("%w: MaxRenewBatch %d is negative", ErrInvalidOption, opts.MaxRenewBatch)
+	}
+	opts.MaxRenewBatch = cmp.Or(opts.MaxRenewBatch, DefaultMaxRenewBatch)
 	if opts.Backoff == nil {
 		opts.Backoff = DefaultBackoff
 	}
@@ -60,12 +68,19 @@ func New(b Backend, opts Options) (*Client, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Client{
+	c := &Client{
 		b: b, opts: opts, log: log, owner: opts.Owner,
 		instance: ownerInstance(),
 		closing:  make(chan struct{}),
-		guards:   make(map[*Guard]struct{}),
-	}, nil
+	}
+	c.maxWindow = opts.RenewWindow
+	if c.maxWindow == 0 {
+		// The default window is a quarter of the interval, which is at
+		// most half the TTL: MaxTTL/8 bounds it.
+		c.maxWindow = MaxTTL / 8
+	}
+	c.sched = newScheduler(c)
+	return c, nil
 }
 
 // Owner returns the client's owner name. Each lease's owner is this name
@@ -339,8 +354,8 @@ func (c *Client) Close(ctx context.Context) error {
 	}
 	c.closed = true
 	close(c.closing)
-	guards := make([]*Guard, 0, len(c.guards))
-	for g := range c.guards {
+	var guards []*Guard
+	for g := c.guards; g != nil; g = g.next {
 		guards = append(guards, g)
 	}
 	c.mu.Unlock()
@@ -369,10 +384,31 @@ func (c *Client) releaseContext(ctx context.Context) (context.Context, context.C
 	return context.WithTimeout(ctx, c.opts.ReleaseTimeout)
 }
 
+// link adds g to the client's Guards. Called with c.mu held.
+func (c *Client) link(g *Guard) {
+	g.next = c.guards
+	if c.guards != nil {
+		c.guards.prev = g
+	}
+	c.guards = g
+}
+
+// forget removes g from the client's Guards, if it is there.
 func (c *Client) forget(g *Guard) {
 	c.mu.Lock()
-	delete(c.guards, g)
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	if g.prev == nil && c.guards != g {
+		return // not linked
+	}
+	if g.prev != nil {
+		g.prev.next = g.next
+	} else {
+		c.guards = g.next
+	}
+	if g.next != nil {
+		g.next.prev = g.prev
+	}
+	g.prev, g.next = nil, nil
 }
 
 // sleep waits for d, or until ctx ends, whichever is first. (The backends
