@@ -92,6 +92,10 @@ type Watcher interface {
 //
 // Per-lease semantics are those of TryRenew: each element keeps its own
 // key, token and deadline, and a lost lease never drags another down.
+//
+// A wrapper that embeds a backend to change its TryRenew must change (or
+// hide) TryRenewBatch too: the embedded one is promoted, and the Client
+// would renew through it.
 type BatchRenewer interface {
 	// TryRenewBatch renews each reqs[i].Lease by reqs[i].TTL as TryRenew
 	// would, at one instant of the backend's clock, and returns one result
