@@ -20,6 +20,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // EnvBin names an etcd binary to use instead of looking for one.
@@ -295,11 +296,12 @@ func (c *Cluster) Client(endpoints ...string) (*clientv3.Client, error) {
 
 // NewClient returns a client of endpoints with a quiet logger and a short
 // dial timeout.
-func NewClient(endpoints []string) (*clientv3.Client, error) {
+func NewClient(endpoints []string, dialOpts ...grpc.DialOption) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
+		DialOptions: dialOpts,
 	})
 }
 
