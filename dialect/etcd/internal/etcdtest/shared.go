@@ -12,6 +12,10 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/ashlock/ashlock/internal/testkit/etcdserver"
 )
 
 // Environment variables read by this package.
@@ -30,7 +34,7 @@ var shared struct {
 	done      bool
 	endpoints []string
 	source    string
-	cluster   *Cluster // nil for SQLLOCK_ETCD_ENDPOINTS
+	cluster   *etcdserver.Cluster // nil for SQLLOCK_ETCD_ENDPOINTS
 	missing   string   // why no etcd was found
 }
 
@@ -42,7 +46,7 @@ func Main(m *testing.M) int {
 	defer shared.mu.Unlock()
 	if shared.cluster != nil {
 		if code != 0 {
-			shared.cluster.keep = true
+			shared.cluster.KeepDir()
 			fmt.Fprintf(os.Stderr, "etcdtest: kept %s\n", shared.cluster.Dir())
 		}
 		shared.cluster.Close()
@@ -91,14 +95,25 @@ func findShared() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := Start(ctx, Options{})
+	c, err := etcdserver.Start(ctx, etcdserver.Options{})
 	if err != nil {
 		shared.missing = err.Error()
 		return
 	}
 	shared.cluster = c
 	shared.endpoints = c.Endpoints()
-	shared.source = fmt.Sprintf("a local server %s (%s)", c.bin, c.dir)
+	shared.source = fmt.Sprintf("a local server %s (%s)", c.Bin(), c.Dir())
+}
+
+// NewClient returns a client of endpoints with a quiet logger and a short
+// dial timeout; the caller closes it.
+func NewClient(endpoints []string, dialOpts ...grpc.DialOption) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: dialOpts,
+	})
 }
 
 // Client returns a client of the shared etcd, closed in t.Cleanup.

@@ -1,14 +1,19 @@
-// Package etcdtest is the etcd backend's test layer: it finds an etcd for
-// the tests (SQLLOCK_ETCD_ENDPOINTS, else a local server it starts from the
-// etcd binary on the machine) and starts throwaway clusters of one or more
-// members on free loopback ports in temporary directories, which the fault
-// tests kill, stop and restart. Only tests and the benchmarks import it.
-package etcdtest
+// Package etcdserver starts throwaway etcd clusters of one or more members
+// from the etcd binary on the machine (Debian's etcd-server package), on
+// free loopback ports in a temporary directory, and kills, stops and
+// restarts their members: for the etcd backend's tests (through its
+// etcdtest package) and the benchmarks. It uses the standard library only
+// (etcd's HTTP gateway for status), so the root module does not depend on
+// etcd's client.
+package etcdserver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"net"
 	"os"
 	"os/exec"
@@ -18,9 +23,6 @@ import (
 	"syscall"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
 )
 
 // EnvBin names an etcd binary to use instead of looking for one.
@@ -162,6 +164,12 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
+// Bin is the etcd binary the members run.
+func (c *Cluster) Bin() string { return c.bin }
+
+// KeepDir makes Close keep the directory (for a failed run's logs).
+func (c *Cluster) KeepDir() { c.keep = true }
+
 // Dir is the cluster's directory: a data directory and a log per member.
 func (c *Cluster) Dir() string { return c.dir }
 
@@ -181,7 +189,7 @@ func (c *Cluster) Start(i int) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.cmd != nil {
-		return fmt.Errorf("etcdtest: %s is running", m.Name)
+		return fmt.Errorf("etcdserver: %s is running", m.Name)
 	}
 	logf, err := os.OpenFile(m.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -199,7 +207,7 @@ func (c *Cluster) Start(i int) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return fmt.Errorf("etcdtest: start %s: %w", m.Name, err)
+		return fmt.Errorf("etcdserver: start %s: %w", m.Name, err)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -235,7 +243,7 @@ func (c *Cluster) signal(i int, sig syscall.Signal) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.cmd == nil {
-		return fmt.Errorf("etcdtest: %s is not running", m.Name)
+		return fmt.Errorf("etcdserver: %s is not running", m.Name)
 	}
 	_ = m.cmd.Process.Signal(sig)
 	select {
@@ -281,28 +289,36 @@ func (c *Cluster) Logs() string {
 	return b.String()
 }
 
-// Client returns a new client of the running members (or of endpoints,
-// if given); the caller closes it.
-func (c *Cluster) Client(endpoints ...string) (*clientv3.Client, error) {
-	if len(endpoints) == 0 {
-		for i, m := range c.Members {
-			if c.Running(i) {
-				endpoints = append(endpoints, m.ClientURL)
-			}
+// RunningEndpoints are the client URLs of the running members.
+func (c *Cluster) RunningEndpoints() []string {
+	var eps []string
+	for i, m := range c.Members {
+		if c.Running(i) {
+			eps = append(eps, m.ClientURL)
 		}
 	}
-	return NewClient(endpoints)
+	return eps
 }
 
-// NewClient returns a client of endpoints with a quiet logger and a short
-// dial timeout.
-func NewClient(endpoints []string, dialOpts ...grpc.DialOption) (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{
-		Endpoints:   endpoints,
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-		DialOptions: dialOpts,
-	})
+// gateway posts the JSON body to etcd's HTTP gateway at url+path and decodes the
+// JSON reply into out.
+func gateway(ctx context.Context, url, path, body string, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+path, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1000))
+		return fmt.Errorf("%s%s: %s: %s", url, path, resp.Status, data)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
 }
 
 // Leader returns the index of the member that is leader by the first
@@ -328,24 +344,25 @@ func (c *Cluster) Leader(ctx context.Context) (int, error) {
 	return -1, last
 }
 
-// leaderBy returns the name of the leader that member m knows.
+// leaderBy returns the name of the leader that member m knows. The
+// gateway writes 64-bit ids as JSON strings.
 func leaderBy(ctx context.Context, m *Member) (string, error) {
-	cli, err := NewClient([]string{m.ClientURL})
-	if err != nil {
+	var st struct {
+		Leader string `json:"leader"`
+	}
+	if err := gateway(ctx, m.ClientURL, "/v3/maintenance/status", "{}", &st); err != nil {
 		return "", err
 	}
-	defer cli.Close()
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	st, err := cli.Status(sctx, m.ClientURL)
-	if err != nil {
-		return "", err
-	}
-	if st.Leader == 0 {
+	if st.Leader == "" || st.Leader == "0" {
 		return "", fmt.Errorf("%s knows no leader", m.Name)
 	}
-	ml, err := cli.MemberList(sctx)
-	if err != nil {
+	var ml struct {
+		Members []struct {
+			ID   string `json:"ID"`
+			Name string `json:"name"`
+		} `json:"members"`
+	}
+	if err := gateway(ctx, m.ClientURL, "/v3/cluster/member/list", "{}", &ml); err != nil {
 		return "", err
 	}
 	for _, pm := range ml.Members {
@@ -353,7 +370,7 @@ func leaderBy(ctx context.Context, m *Member) (string, error) {
 			return pm.Name, nil
 		}
 	}
-	return "", fmt.Errorf("%s: leader %x is not in the member list", m.Name, st.Leader)
+	return "", fmt.Errorf("%s: leader %s is not in the member list", m.Name, st.Leader)
 }
 
 // WaitReady waits until every running member answers a linearizable read
@@ -369,7 +386,7 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("etcdtest: cluster not ready: %w\n%s", last, c.Logs())
+			return fmt.Errorf("etcdserver: cluster not ready: %w\n%s", last, c.Logs())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -388,15 +405,9 @@ func (c *Cluster) ready(ctx context.Context) error {
 			return fmt.Errorf("%s exited", m.Name)
 		default:
 		}
-		cli, err := NewClient([]string{m.ClientURL})
-		if err != nil {
-			return err
-		}
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err = cli.Get(rctx, "etcdtest-ready")
-		cancel()
-		cli.Close()
-		if err != nil {
+		// A linearizable range read: answered only with a leader.
+		var r struct{}
+		if err := gateway(ctx, m.ClientURL, "/v3/kv/range", `{"key":"ZXRjZHNlcnZlcg=="}`, &r); err != nil {
 			return fmt.Errorf("%s: %w", m.Name, err)
 		}
 	}
