@@ -13,8 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,7 +22,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
 )
 
 // EnvBin names an etcd binary to use instead of looking for one.

@@ -35,7 +35,7 @@ var shared struct {
 	endpoints []string
 	source    string
 	cluster   *etcdserver.Cluster // nil for SQLLOCK_ETCD_ENDPOINTS
-	missing   string   // why no etcd was found
+	missing   string              // why no etcd was found
 }
 
 // Main runs the package's tests and then stops the shared server, if one
