@@ -40,10 +40,26 @@ type Backend struct {
 	cli    *clientv3.Client
 	prefix string
 
-	mu    sync.Mutex            // guards seen
-	seen  map[string]seenRecord // the last token record seen per key; a hint only
-	watch watches
+	mu      sync.Mutex            // guards seen, spares, granted
+	seen    map[string]seenRecord // the last token record seen per key; a hint only
+	spares  map[int64][]spare     // keyless etcd leases for reuse, by granted TTL (seconds)
+	granted map[int64]int64       // requested TTL → the TTL etcd granted for it (seconds)
+	watch   watches
 }
+
+// spare is an etcd lease with no key attached: one that this Backend
+// granted for an acquire that was refused, or whose holder key a release
+// deleted. An acquire with the same TTL reuses it with a keep-alive (served
+// by the etcd leader alone) instead of a lease grant (a raft write).
+type spare struct {
+	id  clientv3.LeaseID
+	ttl int64     // seconds, as granted
+	at  time.Time // no later than when its current TTL period began
+}
+
+// maxSpares bounds the spares kept per TTL; past it a spare is left to
+// expire.
+const maxSpares = 256
 
 // seenRecord is what this Backend last saw of a key: the token record's
 // revision and token (so that a grant's transaction can compare and
@@ -74,7 +90,8 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 	if len(prefix) > 256 || !utf8.ValidString(prefix) || strings.IndexByte(prefix, 0) >= 0 {
 		return nil, fmt.Errorf("sqllock/etcd: invalid prefix %q: want valid UTF-8 without NUL, at most 256 bytes", prefix)
 	}
-	b := &Backend{cli: cli, prefix: prefix, seen: make(map[string]seenRecord)}
+	b := &Backend{cli: cli, prefix: prefix, seen: make(map[string]seenRecord),
+		spares: make(map[int64][]spare), granted: make(map[int64]int64)}
 	b.watch.b = b
 	return b, nil
 }
@@ -233,15 +250,14 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		seen = s.seen()
 	}
 	sent := time.Now()
-	grant, err := b.cli.Grant(ctx, ttlSeconds(req.TTL))
+	grant, err := b.etcdLease(ctx, req.Key, ttlSeconds(req.TTL), sent)
 	if err != nil {
-		// An unused lease changes nothing and expires by itself.
-		return sqllock.Lease{}, translate(ctx, opGrant, req.Key, err)
+		return sqllock.Lease{}, err
 	}
-	lease := sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: sent, Deadline: sent.Add(time.Duration(grant.TTL) * time.Second)}
+	lease := sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: sent, Deadline: sent.Add(time.Duration(grant.ttl) * time.Second)}
 	for range maxAttempts {
 		if seen.token == math.MaxInt64 {
-			return b.exhausted(ctx, lease, grant.ID)
+			return b.exhausted(ctx, lease, grant)
 		}
 		token := seen.token + 1
 		rec, err := json.Marshal(tokenRecord{Token: token, Owner: req.Owner})
@@ -256,7 +272,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			clientv3.Compare(clientv3.ModRevision(b.tokenKey(req.Key)), "=", seen.rev),
 		).Then(
 			clientv3.OpPut(b.tokenKey(req.Key), string(rec)),
-			clientv3.OpPut(b.holderKey(req.Key), tokenString(token), clientv3.WithLease(grant.ID)),
+			clientv3.OpPut(b.holderKey(req.Key), tokenString(token), clientv3.WithLease(grant.id)),
 		).Else(b.readOps(req.Key)...).Commit()
 		if err != nil {
 			return sqllock.Lease{}, translate(ctx, opAcquire, req.Key, err)
@@ -273,28 +289,28 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		b.remember(req.Key, s.seen())
 		if s.held() {
 			if s.rec.Owner == req.Owner {
-				return b.regrant(ctx, lease, s, grant.ID)
+				return b.regrant(ctx, lease, s, grant)
 			}
-			b.revoke(ctx, grant.ID)
+			b.putSpare(grant)
 			return sqllock.Lease{}, b.refusal(ctx, req.Key, s)
 		}
 		// Free, but the token record changed since this Backend saw it:
 		// try again on the record just read.
 		seen = s.seen()
 	}
-	b.revoke(ctx, grant.ID)
+	b.putSpare(grant)
 	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the key changed under %d attempts in a row", req.Key, sqllock.ErrUnavailable, maxAttempts)
 }
 
 // exhausted answers an acquire of a key whose token reached the largest
 // int64: refused if held by another, the same grant for its own repeat,
 // else ErrTokenExhausted.
-func (b *Backend) exhausted(ctx context.Context, lease sqllock.Lease, id clientv3.LeaseID) (sqllock.Lease, error) {
+func (b *Backend) exhausted(ctx context.Context, lease sqllock.Lease, sp spare) (sqllock.Lease, error) {
 	s, err := b.read(ctx, opAcquire, lease.Key)
 	if err == nil && s.held() && s.rec.Owner == lease.Owner {
-		return b.regrant(ctx, lease, s, id)
+		return b.regrant(ctx, lease, s, sp)
 	}
-	b.revoke(ctx, id)
+	b.putSpare(sp)
 	switch {
 	case err != nil:
 		return sqllock.Lease{}, err
@@ -309,13 +325,13 @@ func (b *Backend) exhausted(ctx context.Context, lease sqllock.Lease, id clientv
 // regrant answers the repeat of an acquire whose grant is held (its reply
 // was lost): the same token, the holder moved onto the lease just granted,
 // so that its expiry counts from this request.
-func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, id clientv3.LeaseID) (sqllock.Lease, error) {
+func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, sp spare) (sqllock.Lease, error) {
 	token := tokenString(s.rec.Token)
 	resp, err := b.cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.Value(b.holderKey(lease.Key)), "=", token),
 		clientv3.Compare(clientv3.ModRevision(b.tokenKey(lease.Key)), "=", s.recRev),
 	).Then(
-		clientv3.OpPut(b.holderKey(lease.Key), token, clientv3.WithLease(id)),
+		clientv3.OpPut(b.holderKey(lease.Key), token, clientv3.WithLease(sp.id)),
 	).Else(b.readOps(lease.Key)...).Commit()
 	if err != nil {
 		return sqllock.Lease{}, translate(ctx, opAcquire, lease.Key, err)
@@ -323,7 +339,7 @@ func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, 
 	if !resp.Succeeded {
 		// The grant ended between the two transactions: this acquire's
 		// outcome is settled as not granted; a new attempt decides anew.
-		b.revoke(ctx, id)
+		b.putSpare(sp)
 		s, err := parseState(lease.Key, resp.Responses)
 		if err != nil {
 			return sqllock.Lease{}, err
@@ -335,6 +351,68 @@ func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, 
 	}
 	lease.Token = s.rec.Token
 	return lease, nil
+}
+
+// etcdLease returns an etcd lease for a grant of sec seconds, whose TTL
+// period begins after sent: a spare renewed with a keep-alive when one of
+// the TTL etcd grants for sec is at hand, else a new grant.
+func (b *Backend) etcdLease(ctx context.Context, key string, sec int64, sent time.Time) (spare, error) {
+	for {
+		sp, ok := b.takeSpare(sec)
+		if !ok {
+			break
+		}
+		ka, err := b.cli.KeepAliveOnce(ctx, sp.id)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			continue // expired while unused
+		}
+		if err != nil {
+			return spare{}, translate(ctx, opGrant, key, err)
+		}
+		if ka.TTL != sp.ttl {
+			continue // not the lease it was taken for; it expires by itself
+		}
+		sp.at = sent
+		return sp, nil
+	}
+	grant, err := b.cli.Grant(ctx, sec)
+	if err != nil {
+		// An unused lease changes nothing and expires by itself.
+		return spare{}, translate(ctx, opGrant, key, err)
+	}
+	b.mu.Lock()
+	b.granted[sec] = grant.TTL
+	b.mu.Unlock()
+	return spare{id: grant.ID, ttl: grant.TTL, at: sent}, nil
+}
+
+// takeSpare takes a spare of the TTL etcd grants for sec seconds that has
+// most likely not expired yet (a second of its TTL left, by this host's
+// clock).
+func (b *Backend) takeSpare(sec int64) (spare, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ttl, ok := b.granted[sec]
+	if !ok {
+		return spare{}, false
+	}
+	for list := b.spares[ttl]; len(list) > 0; list = b.spares[ttl] {
+		sp := list[len(list)-1]
+		b.spares[ttl] = list[:len(list)-1]
+		if time.Since(sp.at) < time.Duration(sp.ttl-1)*time.Second {
+			return sp, true
+		}
+	}
+	return spare{}, false
+}
+
+// putSpare keeps sp, which has no key, for reuse.
+func (b *Backend) putSpare(sp spare) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.spares[sp.ttl]) < maxSpares {
+		b.spares[sp.ttl] = append(b.spares[sp.ttl], sp)
+	}
 }
 
 // refusal is the HeldError for state s, with the holder's remaining time
@@ -480,15 +558,21 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	resp, err := b.cli.Txn(ctx).If(
 		b.holds(l),
 	).Then(
-		clientv3.OpDelete(b.holderKey(l.Key)),
+		clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
 		clientv3.OpPut(b.releaseKey(l.Key), string(rel)),
 	).Else(b.readOps(l.Key)...).Commit()
 	if err != nil {
 		return translate(ctx, opRelease, l.Key, err)
 	}
 	if resp.Succeeded {
-		// The etcd lease is left without a key and expires by itself; a
-		// revoke would cost a second raft write for nothing.
+		// The etcd lease is left without a key: kept for reuse (its TTL
+		// period began no earlier than l's BackendTime), else it expires
+		// by itself; a revoke would cost a raft write for nothing.
+		if prev := resp.Responses[0].GetResponseDeleteRange().GetPrevKvs(); len(prev) == 1 && prev[0].Lease != 0 {
+			if ttl := l.Deadline.Sub(l.BackendTime); ttl > 0 && ttl%time.Second == 0 && !l.BackendTime.IsZero() {
+				b.putSpare(spare{id: clientv3.LeaseID(prev[0].Lease), ttl: int64(ttl / time.Second), at: l.BackendTime})
+			}
+		}
 		return nil
 	}
 	for range maxAttempts {

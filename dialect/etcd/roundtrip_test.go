@@ -76,7 +76,7 @@ func TestRoundTrips(t *testing.T) {
 	_, err = other.TryAcquire(ctx, req("held", "x"))
 	require.NoError(t, err)
 	var he *sqllock.HeldError
-	step("acquire_refused_first", 4, func() {
+	step("acquire_refused_first", 3, func() {
 		_, err := b.TryAcquire(ctx, req("held", "w"))
 		require.True(t, errors.As(err, &he), "%v", err)
 	})

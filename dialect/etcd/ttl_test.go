@@ -39,9 +39,31 @@ func TestEtcdExpiryNotBeforeLocalDeadline(t *testing.T) {
 		wg      sync.WaitGroup
 	)
 	for i, ttl := range ttls {
-		for _, renew := range []bool{false, true} {
-			key := fmt.Sprintf("k%d-%v", i, renew)
+		for _, mode := range []string{"fresh", "renewed", "reused"} {
+			key := fmt.Sprintf("k%d-%s", i, mode)
+			renew := mode == "renewed"
+			b := b
+			if mode == "reused" {
+				b = newBundle(t).backend // its own, so that no other case takes its spare
+			}
 			wg.Go(func() {
+				if mode == "reused" {
+					// A released lease's etcd lease is kept and reused by
+					// the next acquire of the same TTL: it must start its
+					// TTL again (a keep-alive) after that acquire was sent.
+					l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key + "-pre", TTL: ttl, Owner: "o"})
+					if err == nil {
+						err = b.Release(ctx, l)
+					}
+					if err != nil {
+						t.Errorf("%v: %v", ttl, err)
+						return
+					}
+					// Long enough that, without the keep-alive, etcd expires it
+					// (checking every 500 ms) before send time + TTL: a spare
+					// is reused while a second of its TTL is left (3 s for 2.5 s).
+					time.Sleep(1500 * time.Millisecond)
+				}
 				sent := time.Now()
 				l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: ttl, Owner: "o"})
 				if err != nil {
@@ -59,7 +81,7 @@ func TestEtcdExpiryNotBeforeLocalDeadline(t *testing.T) {
 				if got < ttl || got%time.Second != 0 {
 					t.Errorf("%v: granted %v, want whole seconds >= the TTL", ttl, got)
 				}
-				if !renew {
+				if mode == "fresh" {
 					mu.Lock()
 					granted = append(granted, fmt.Sprintf("%v->%v", ttl, got))
 					mu.Unlock()
@@ -71,7 +93,7 @@ func TestEtcdExpiryNotBeforeLocalDeadline(t *testing.T) {
 					return
 				}
 				if len(resp.Kvs) == 0 {
-					t.Errorf("%v (renewed %v): etcd ended the lease before send time + TTL", ttl, renew)
+					t.Errorf("%v (%s): etcd ended the lease before send time + TTL", ttl, mode)
 				}
 			})
 		}
