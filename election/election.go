@@ -28,6 +28,7 @@
 package election
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -57,6 +58,10 @@ type Config struct {
 	// PollInterval is how often Observe reads the current term when no
 	// release signal wakes it; zero means one second.
 	PollInterval time.Duration
+	// Value is what this candidate publishes with each term it wins (its
+	// address, its version): at most [sqllock.MaxValueLen] bytes, stored
+	// with the lease and shown to Leader, Observe and `sqllock leader`.
+	Value []byte
 }
 
 // Term is one leader's tenure.
@@ -69,6 +74,8 @@ type Term struct {
 	Leader string
 	// Deadline is the lease's deadline by the database clock, as last read.
 	Deadline time.Time
+	// Value is the leader's [Config.Value] (nil for none).
+	Value []byte
 }
 
 // Election campaigns for one name. It is safe for concurrent use, but one
@@ -96,6 +103,10 @@ func New(c *sqllock.Client, cfg Config) (*Election, error) {
 			return nil, fmt.Errorf("election: TTL: %w", err)
 		}
 	}
+	if err := sqllock.ValidateValue(cfg.Value); err != nil {
+		return nil, fmt.Errorf("election: Value: %w", err)
+	}
+	cfg.Value = bytes.Clone(cfg.Value)
 	if cfg.PollInterval < 0 {
 		return nil, &sqllock.OptionError{Field: "election.Config.PollInterval", Value: cfg.PollInterval}
 	}
@@ -153,7 +164,7 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 	}
 	parent, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, cancel)
-	g, err := e.c.Acquire(parent, e.key, &sqllock.AcquireOptions{TTL: e.cfg.TTL})
+	g, err := e.c.Acquire(parent, e.key, &sqllock.AcquireOptions{TTL: e.cfg.TTL, Value: e.cfg.Value})
 	if !stop() {
 		// ctx ended during the campaign (and cancelled parent): a grant
 		// that came just before is not handed out.
@@ -168,7 +179,7 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 		return nil, err
 	}
 	l := g.Lease()
-	return &Leadership{g: g, cancel: cancel, term: Term{Name: e.cfg.Name, Token: l.Token, Leader: l.Owner, Deadline: l.Deadline}}, nil
+	return &Leadership{g: g, cancel: cancel, term: Term{Name: e.cfg.Name, Token: l.Token, Leader: l.Owner, Deadline: l.Deadline, Value: l.Value}}, nil
 }
 
 // Run campaigns and calls fn with each term this process wins, one at a
@@ -269,7 +280,7 @@ func (e *Election) observe(ctx context.Context) (Observation, error) {
 	}
 	for _, i := range infos {
 		if i.Key == e.key {
-			return Observation{Leading: i.Held, Term: Term{Name: e.cfg.Name, Token: i.Token, Leader: i.Owner, Deadline: i.Deadline}}, nil
+			return Observation{Leading: i.Held, Term: Term{Name: e.cfg.Name, Token: i.Token, Leader: i.Owner, Deadline: i.Deadline, Value: i.Value}}, nil
 		}
 	}
 	return Observation{Term: Term{Name: e.cfg.Name}}, nil

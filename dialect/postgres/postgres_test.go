@@ -269,10 +269,10 @@ func TestFailedAcquireWritesNothing(t *testing.T) {
 	require.NotNil(t, xid, "control: a refused upsert should assign a transaction id")
 
 	walOf := func(sql string, args ...any) (records, bytes int64) { return planWAL(t, b, sql, args...) }
-	records, bytes := walOf(b.marked.acquire, args...)
+	records, bytes := walOf(b.marked.acquire, append(args, nil)...)
 	require.Zero(t, records, "a refused TryAcquire wrote WAL (%d bytes)", bytes)
 	// Control: the count sees the statement's CTEs (a grant writes).
-	records, _ = walOf(b.marked.acquire, "free", int64(60_000_000), "w")
+	records, _ = walOf(b.marked.acquire, "free", int64(60_000_000), "w", nil)
 	require.Positive(t, records, "control: a granting TryAcquire should write WAL")
 	records, bytes = walOf(upsert, args...)
 	require.Positive(t, records, "control: a refused upsert should write WAL (a row lock)")
@@ -343,7 +343,7 @@ func TestRefusedAcquireWALWhileRenewed(t *testing.T) {
 		var err error
 		l, err = b.TryRenew(ctx, l, time.Hour)
 		require.NoError(t, err)
-		r, by := planWAL(t, b, b.marked.acquire, "hot", int64(60_000_000), "waiter")
+		r, by := planWAL(t, b, b.marked.acquire, "hot", int64(60_000_000), "waiter", nil)
 		records += r
 		bytes += by
 		if r > 0 {

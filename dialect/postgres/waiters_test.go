@@ -64,7 +64,7 @@ func TestWaiterMarksOncePerTenure(t *testing.T) {
 	require.True(t, waitedOf(t, b, "hot"))
 	xid, _ = attempts(10, "holder")
 	require.Nil(t, xid, "a watched attempt on a marked lease wrote")
-	walRecords, _ := planWAL(t, b, b.marked.acquireWait, "hot", int64(60_000_000), "waiter")
+	walRecords, _ := planWAL(t, b, b.marked.acquireWait, "hot", int64(60_000_000), "waiter", nil)
 	require.Zero(t, walRecords, "a watched attempt on a marked lease wrote WAL")
 
 	// A repeat of the holder's own acquire keeps the tenure and its mark.
@@ -213,7 +213,7 @@ func TestUpgradeFromVersion2(t *testing.T) {
 	var he *sqllock.HeldError
 	require.ErrorAs(t, err, &he)
 	require.Equal(t, "old-d", he.Owner)
-	require.True(t, old.stmts.Load().legacy, "the Backend fell back to its legacy statements")
+	require.True(t, !old.stmts.Load().waited, "the Backend fell back to its legacy statements")
 	// Legacy: a release notifies, though nobody could mark it.
 	require.NoError(t, old.Release(ctx, sqllock.Lease{Key: "d", Token: 4, Owner: "old-d"}))
 	wakeWithin(t, ch, 10*time.Second, "a legacy release")
@@ -232,7 +232,7 @@ func TestUpgradeFromVersion2(t *testing.T) {
 	require.Equal(t, "old-a", he.Owner)
 	require.EqualValues(t, 7, he.Token)
 	require.Positive(t, he.Remaining)
-	require.False(t, b.stmts.Load().legacy)
+	require.True(t, b.stmts.Load().waited)
 
 	// A waiter marks the upgraded lease, and its release notifies.
 	ch, stop = b.Watch("a")
