@@ -113,25 +113,12 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// db is what the backend needs from the pool; *pgxpool.Pool and pgx.Tx
-// implement it, and tests wrap it.
-type db interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Backend is the PostgreSQL [sqllock.Backend] and [sqllock.Watcher]. It is
 // safe for concurrent use. Close it to stop its listener; it never closes the
 // pool.
 type Backend struct {
-	db   db
-	pool *pgxpool.Pool // for the listener's dedicated connection
-	// pooled is db when db is the pool, as always except in tests that run
-	// the Backend on a transaction: statements then take their connection
-	// from it themselves (see queryRow).
-	pooled *pgxpool.Pool
-	table  string // quoted, for messages
+	pool   *pgxpool.Pool // the application's; never closed here
+	table  string        // quoted, for messages
 	notify bool
 	log    *slog.Logger
 
@@ -179,10 +166,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	if pool == nil {
 		return nil, errors.New("sqllock/postgres: nil pool")
 	}
-	return newBackend(pool, pool, opts)
-}
-
-func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	table := opts.Table
 	if table == "" {
 		table = DefaultTable
@@ -201,14 +184,10 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	b := &Backend{
-		db:     d,
 		pool:   pool,
 		table:  quoted,
 		notify: !opts.DisableNotify,
 		log:    logger,
-	}
-	if p, ok := d.(*pgxpool.Pool); ok {
-		b.pooled = p
 	}
 	releaseCommit := "set_config('synchronous_commit', 'off', true)"
 	if opts.DurableRelease {
@@ -570,7 +549,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 	list := func() error {
 		return b.withStatements(false, func(st *markStatements) error {
 			out = out[:0]
-			rows, err := b.db.Query(ctx, st.list, prefix)
+			rows, err := b.pool.Query(ctx, st.list, prefix)
 			if err != nil {
 				return err
 			}
@@ -589,15 +568,8 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 			return err
 		})
 	}
-	var err error
-	if b.pooled != nil {
-		// A read-only statement too can fail with a serialization
-		// failure.
-		err = b.retryConflicts(ctx, list)
-	} else {
-		err = list()
-	}
-	if err != nil {
+	// A read-only statement too can fail with a serialization failure.
+	if err := b.retryConflicts(ctx, list); err != nil {
 		return nil, b.translate(ctx, opList, prefix, err)
 	}
 	return out, nil
