@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -64,12 +65,8 @@ func (b *Backend) retryConflicts(ctx context.Context, send func() error) error {
 		if attempt == conflictAttempts {
 			return &conflictError{attempts: attempt, err: err}
 		}
-		t := time.NewTimer(conflictBackoff(attempt))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if wait.Sleep(ctx, conflictBackoff(attempt)) != nil {
 			return &conflictError{attempts: attempt, err: err, ctxErr: ctx.Err()}
-		case <-t.C:
 		}
 		b.conflictRetries.Add(1)
 	}
