@@ -41,8 +41,23 @@ import (
 // KeyPrefix is prepended to an election's name to form its lock key.
 const KeyPrefix = "election/"
 
-// ErrNoLeader is returned by [Election.Leader] when no candidate leads.
+// ErrNoLeader is matched by the error of [Election.Leader] when no
+// candidate leads (a [*NoLeaderError]).
 var ErrNoLeader = errors.New("election: no leader")
+
+// NoLeaderError is [Election.Leader]'s error when no candidate leads. It
+// matches [ErrNoLeader].
+type NoLeaderError struct {
+	Name     string
+	LastTerm int64 // the last term's number; 0 when there was none
+}
+
+func (e *NoLeaderError) Error() string {
+	return fmt.Sprintf("election: no leader for %q (last term %d)", e.Name, e.LastTerm)
+}
+
+// Is makes a NoLeaderError match [ErrNoLeader].
+func (e *NoLeaderError) Is(target error) bool { return target == ErrNoLeader }
 
 // Config configures an [Election]. Only Name is required.
 type Config struct {
@@ -251,15 +266,15 @@ func transient(err error) bool {
 		errors.Is(err, sqllock.ErrNotAcquired)
 }
 
-// Leader returns the current term, or an error matching [ErrNoLeader] when
-// no lease of the election is held now.
+// Leader returns the current term, or a [*NoLeaderError] (matching
+// [ErrNoLeader]) when no lease of the election is held now.
 func (e *Election) Leader(ctx context.Context) (Term, error) {
 	o, err := e.observe(ctx)
 	if err != nil {
 		return Term{}, err
 	}
 	if !o.Leading {
-		return Term{}, fmt.Errorf("%w for %q (last term %d)", ErrNoLeader, e.cfg.Name, o.Term.Token)
+		return Term{}, &NoLeaderError{Name: e.cfg.Name, LastTerm: o.Term.Token}
 	}
 	return o.Term, nil
 }
