@@ -108,6 +108,7 @@ func (b *Backend) releaseKey(k string) string { return b.prefix + "r/" + k }
 type tokenRecord struct {
 	Token int64  `json:"token"`
 	Owner string `json:"owner"`
+	Value []byte `json:"value,omitempty"` // base64 in JSON
 }
 
 // releaseRecord is the value of <prefix>r/K.
@@ -215,6 +216,14 @@ func (b *Backend) recall(key string) seenRecord {
 	return b.seen[key]
 }
 
+// cloneValue is v, nil when empty: a value is nil for none.
+func cloneValue(v []byte) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return append([]byte(nil), v...)
+}
+
 // tokenString is a token as the holder key's value.
 func tokenString(token int64) string { return strconv.FormatInt(token, 10) }
 
@@ -260,7 +269,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			return b.exhausted(ctx, lease, grant)
 		}
 		token := seen.token + 1
-		rec, err := json.Marshal(tokenRecord{Token: token, Owner: req.Owner})
+		rec, err := json.Marshal(tokenRecord{Token: token, Owner: req.Owner, Value: req.Value})
 		if err != nil {
 			return sqllock.Lease{}, err
 		}
@@ -279,7 +288,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		}
 		if resp.Succeeded {
 			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token})
-			lease.Token = token
+			lease.Token, lease.Value = token, cloneValue(req.Value)
 			return lease, nil
 		}
 		s, err := parseState(req.Key, resp.Responses)
@@ -349,7 +358,7 @@ func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, 
 		}
 		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the earlier grant of this acquire ended while it was repeated; try again", lease.Key, sqllock.ErrUnavailable)
 	}
-	lease.Token = s.rec.Token
+	lease.Token, lease.Value = s.rec.Token, cloneValue(s.rec.Value)
 	return lease, nil
 }
 
@@ -419,7 +428,7 @@ func (b *Backend) putSpare(sp spare) {
 // from etcd's lease (whole seconds, rounded down; 0 when etcd could not
 // tell).
 func (b *Backend) refusal(ctx context.Context, key string, s keyState) error {
-	he := &sqllock.HeldError{Key: key, Owner: s.rec.Owner, Token: s.rec.Token}
+	he := &sqllock.HeldError{Key: key, Owner: s.rec.Owner, Token: s.rec.Token, Value: cloneValue(s.rec.Value)}
 	he.Remaining = b.remaining(ctx, clientv3.LeaseID(s.holder.Lease))
 	return he
 }
@@ -657,7 +666,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 			s.rel, s.relRev = r, 1
 		}
 		ks := s.sqllock()
-		info := sqllock.LockInfo{Key: key, Token: ks.Token, Owner: ks.Owner}
+		info := sqllock.LockInfo{Key: key, Token: ks.Token, Owner: ks.Owner, Value: cloneValue(s.rec.Value)}
 		if s.held() {
 			now := time.Now()
 			info.Held = true
