@@ -22,7 +22,11 @@ import (
 // applied and Fenced returns a [*sqllock.LostError] (matching
 // [sqllock.ErrLeaseLost]) with the reason. A transaction whose reply is
 // lost returns an error matching [sqllock.ErrIndeterminate]: ops may have
-// been applied.
+// been applied. The etcd client itself sends a call again after a
+// DeadlineExceeded error while ctx is live; the lease compare stays true
+// across such a repeat, so make ops idempotent or guard them with compares
+// of your own (a revision, as a counter does), as the backend's own
+// transactions are.
 func (b *Backend) Fenced(ctx context.Context, l sqllock.Lease, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
 	if err := sqllock.ValidateLease(l); err != nil {
 		return nil, err
