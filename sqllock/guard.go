@@ -238,6 +238,7 @@ func (g *Guard) renew(ctx context.Context) (Lease, error) {
 // extendLocked applies a successful renewal sent at sent. Called with g.mu
 // held, before the local deadline.
 func (g *Guard) extendLocked(sent time.Time, l Lease) {
+	l.Value = g.lease.Value // a renewal never changes it, whatever the backend echoes
 	if nl := sent.Add(g.s.ttl - g.s.margin); nl.After(g.local) {
 		g.local = nl
 	}
