@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,7 +21,10 @@ type Client struct {
 	log      *slog.Logger
 	owner    string
 	instance string // random, per Client: see request
-	seq      atomic.Uint64
+	// ownerPrefix is owner + "/" + instance + "-": a lease's owner is it
+	// and the acquire call's sequence number.
+	ownerPrefix string
+	seq         atomic.Uint64
 
 	closing chan struct{} // closed by Close: wakes waiting Acquires
 
@@ -79,6 +83,7 @@ func New(b Backend, opts Options) (*Client, error) {
 		// most half the TTL: MaxTTL/8 bounds it.
 		c.maxWindow = MaxTTL / 8
 	}
+	c.ownerPrefix = c.owner + "/" + c.instance + "-"
 	c.sched = newScheduler(c)
 	return c, nil
 }
@@ -103,7 +108,11 @@ func (c *Client) request(key string, s settings) AcquireRequest {
 	// of the current lease for the retry of that very call and hands the
 	// same grant back, so two Clients sharing an owner name (say, the
 	// host name) and a sequence number would both hold one lease.
-	return AcquireRequest{Key: key, TTL: s.ttl, Owner: fmt.Sprintf("%s/%s-%d", c.owner, c.instance, c.seq.Add(1)), Value: s.value}
+	// One allocation: the owner is built in a buffer on the stack.
+	var buf [MaxOwnerLen]byte
+	b := append(buf[:0], c.ownerPrefix...)
+	b = strconv.AppendUint(b, c.seq.Add(1), 10)
+	return AcquireRequest{Key: key, TTL: s.ttl, Owner: string(b), Value: s.value}
 }
 
 // prepare validates a call's input before any I/O.

@@ -46,6 +46,7 @@ type Guard struct {
 	finished  bool          // the release has completed; finishErr is its result
 	finishCh  chan struct{} // made by a Release that waits for another; closed when finished
 	finishErr error
+	lostIn    *batch // the batch in flight when the lease was lost, if any
 
 	// Scheduling, guarded by the scheduler's mu.
 	due      time.Time // the next renewal
@@ -317,10 +318,15 @@ func (g *Guard) lose(err error) {
 		return
 	}
 	g.lost = le
+	// Unscheduled before the context ends: a Release that the end wakes
+	// finds the batch in flight (if any) and waits for it, so that it
+	// reaches the backend after the renewal.
+	b, last := g.c.sched.remove(g)
+	g.lostIn = b
 	g.endLocked(le)
 	ours := g.cause == le
 	g.mu.Unlock()
-	if b, last := g.c.sched.remove(g); last {
+	if last {
 		b.abandon() // no live lease needs it any more
 	}
 	g.stopWatchingParent()
@@ -412,12 +418,22 @@ func (g *Guard) release(ctx context.Context) error {
 	g.endLocked(ErrReleased)
 	g.mu.Unlock()
 	b, last := g.c.sched.remove(g)
+	if b == nil {
+		b = g.lostBatch()
+	}
 	g.stopWatchingParent()
 	g.awaitBatch(ctx, b, true, last)
 	err := g.releaseBackend(ctx)
 	g.finish(err)
 	g.awaitBatch(ctx, b, false, false)
 	return err
+}
+
+// lostBatch is the batch that was in flight when the lease was lost.
+func (g *Guard) lostBatch() *batch {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.lostIn
 }
 
 // finish records the release's result and wakes the Releases waiting for it.
