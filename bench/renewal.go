@@ -26,7 +26,7 @@ type Renewal struct {
 	XIDsPerS        float64   `json:"xids_per_s"`         // write transactions the server assigned
 	XactCommitsPerS float64   `json:"xact_commits_per_s"` // pg_stat_database (flushed lazily: approximate)
 	ClientCPUPct    float64   `json:"client_cpu_pct_of_one_core"`
-	CPUusPerRenewal float64   `json:"client_cpu_us_per_renewal"`
+	CPUusPerRenewal float64   `json:"client_cpu_us_per_lease_renewal"` // per lease renewed, not per statement
 	HeapKiBPerLease float64   `json:"heap_kib_per_lease"`
 	Goroutines      int       `json:"goroutines"`
 	PerSecond       []float64 `json:"statements_each_second"`
@@ -34,9 +34,13 @@ type Renewal struct {
 	AcquireFailed   int       `json:"acquire_failed"` // acquires that failed while taking the leases
 	ReleaseSeconds  float64   `json:"release_s"`      // releasing them all, from releaseGoroutines goroutines
 	// NewConnsDuringRelease counts connections the pool opened while the
-	// leases were released (a query cancelled in flight costs pgx its
-	// connection).
+	// leases were released: growth to serve the releasing goroutines, or
+	// replacements of connections it closed.
 	NewConnsDuringRelease int64 `json:"new_conns_during_release"`
+	// ClosedConnsDuringRelease counts connections the pool closed while
+	// the leases were released (new ones minus its growth): a query
+	// cancelled in flight costs pgx its connection.
+	ClosedConnsDuringRelease int64 `json:"closed_conns_during_release"`
 }
 
 const releaseGoroutines = 512
@@ -185,8 +189,8 @@ func (e *pgEnv) renewal(ctx context.Context, cfg *config) ([]Renewal, error) {
 		r.XIDsPerS = (x1 - x0) / sec
 		r.XactCommitsPerS = (xc1 - xc0) / sec
 		r.ClientCPUPct = 100 * (cpu1 - cpu0).Seconds() / sec
-		if r.StatementsPerS > 0 {
-			r.CPUusPerRenewal = us(cpu1-cpu0) / float64(st1-st0)
+		if renewed := float64(r.Held) * sec / interval.Seconds(); renewed > 0 {
+			r.CPUusPerRenewal = us(cpu1-cpu0) / renewed
 		}
 		for _, g := range guards {
 			if g != nil && g.Err() != nil {
@@ -199,7 +203,8 @@ func (e *pgEnv) renewal(ctx context.Context, cfg *config) ([]Renewal, error) {
 		// keep renewing the leases not yet released: a release waits for
 		// a batch in flight instead of cancelling it, so the pool opens
 		// no connection.
-		conns0, rt0 := e.pool.Stat().NewConnsCount(), time.Now()
+		st := e.pool.Stat()
+		conns0, total0, rt0 := st.NewConnsCount(), int64(st.TotalConns()), time.Now()
 		next.Store(0)
 		for range releaseGoroutines {
 			wg.Add(1)
@@ -218,9 +223,11 @@ func (e *pgEnv) renewal(ctx context.Context, cfg *config) ([]Renewal, error) {
 		}
 		wg.Wait()
 		r.ReleaseSeconds = time.Since(rt0).Seconds()
-		r.NewConnsDuringRelease = e.pool.Stat().NewConnsCount() - conns0
+		st = e.pool.Stat()
+		r.NewConnsDuringRelease = st.NewConnsCount() - conns0
+		r.ClosedConnsDuringRelease = r.NewConnsDuringRelease - (int64(st.TotalConns()) - total0)
 		logf("renewal %5d leases: statements each second of the window: %v", n, r.PerSecond)
-		logf("renewal %5d leases: released %d in %.1fs; the pool opened %d new connections meanwhile", n, r.Held, r.ReleaseSeconds, r.NewConnsDuringRelease)
+		logf("renewal %5d leases: released %d in %.1fs; the pool opened %d new connections meanwhile and closed %d", n, r.Held, r.ReleaseSeconds, r.NewConnsDuringRelease, r.ClosedConnsDuringRelease)
 		c.Close(ctx)
 		out = append(out, r)
 	}
