@@ -41,9 +41,10 @@ var (
 		{"backend", "pglock"}, {"client", "pglock"}, {"backend-durable", "pglock"}, {"backend", "advisory"}, {"client", "advisory"},
 		{"backend", "backend-durable"}, {"backend", "backend-nonotify"},
 	}
-	sqliteRatios = [][2]string{{"ashlock-FULL", "raw-FULL"}, {"ashlock-NORMAL", "raw-NORMAL"}, {"ashlock-NORMAL", "flock"}, {"ashlock-FULL", "flock"}}
-	memoryRatios = [][2]string{{"ashlock-memory", "mutex-map"}, {"ashlock-memory-client", "mutex-map"}}
-	hotkeyRatios = [][2]string{{"backend", "raw-update"}, {"backend", "raw-upsert"}, {"backend", "pglock"}}
+	sqliteRatios      = [][2]string{{"ashlock-FULL", "raw-FULL"}, {"ashlock-NORMAL", "raw-NORMAL"}, {"ashlock-NORMAL", "flock"}, {"ashlock-FULL", "flock"}}
+	memoryRatios      = [][2]string{{"ashlock-memory", "mutex-map"}, {"ashlock-memory-client", "mutex-map"}}
+	groupCommitRatios = [][2]string{{"raw-coalesced", "raw"}}
+	hotkeyRatios      = [][2]string{{"backend", "raw-update"}, {"backend", "raw-upsert"}, {"backend", "pglock"}}
 )
 
 func ratioKey(section, a, b string, g int) string {
@@ -408,6 +409,21 @@ func (r *Report) markdown() string {
 		w("\nFor scale, one statement renewing many leases at once (`UPDATE … FROM unnest($keys, $tokens)`, the floor under the client's batch renewals; measured on the raw table):\n\n| leases in one statement | median ms | WAL bytes / lease |\n|--:|--:|--:|\n")
 		for _, b := range r.BatchRenew {
 			w("| %s | %.1f | %.0f |\n", num(float64(b.Leases)), b.MedianMs, b.WALBytesPerLease)
+		}
+	}
+	if gs := r.concs("groupcommit"); len(gs) > 0 {
+		w("\n## Client-side group commit, measured before building it\n\nThe raw durable pair (acquire upsert + release, one statement and one commit each) beside the same statements coalesced across goroutines: acquires (and releases) that arrive while %d statements of their kind are in flight go together in the next one, keys in key order, as a client-side group commit would send them. An upper bound for the client: no validation, no Guards. Target for building it: ≥ 1.5× the raw pair at 64 goroutines.\n\n| contender | %s |\n|---|%s\n", coalescers, cols(gs, "", false), strings.Repeat("--:|", len(gs)))
+		for _, c := range []string{"raw", "raw-coalesced"} {
+			w("| %s |", c)
+			for _, g := range gs {
+				cell, _ := r.cell("groupcommit", c, g)
+				if c == "raw" {
+					w(" %s |", num(cell.OpsPerSec))
+				} else {
+					w(" %s (%s) |", num(cell.OpsPerSec), ratioStr(r.ratio("groupcommit", c, "raw", g)))
+				}
+			}
+			w("\n")
 		}
 	}
 	if gs := r.concs("sqlite"); len(gs) > 0 {

@@ -29,8 +29,6 @@ type Client struct {
 	closing chan struct{} // closed by Close: wakes waiting Acquires
 
 	sched *scheduler
-	// maxWindow is the longest renew window of any lease (see fire).
-	maxWindow time.Duration
 
 	mu     sync.Mutex // guards closed and guards
 	closed bool
@@ -76,12 +74,6 @@ func New(b Backend, opts Options) (*Client, error) {
 		b: b, opts: opts, log: log, owner: opts.Owner,
 		instance: ownerInstance(),
 		closing:  make(chan struct{}),
-	}
-	c.maxWindow = opts.RenewWindow
-	if c.maxWindow == 0 {
-		// The default window is a quarter of the interval, which is at
-		// most half the TTL: MaxTTL/8 bounds it.
-		c.maxWindow = MaxTTL / 8
 	}
 	c.ownerPrefix = c.owner + "/" + c.instance + "-"
 	c.sched = newScheduler(c)

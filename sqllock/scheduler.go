@@ -43,6 +43,9 @@ type scheduler struct {
 	exp   guardHeap  // live Guards, by local deadline
 	timer *time.Timer
 	at    time.Time // when timer fires; zero while it is stopped
+	// maxWindow is the longest renew window of any Guard scheduled so far:
+	// fire looks that far ahead in the due heap.
+	maxWindow time.Duration
 }
 
 // batch is one call to the backend in flight: a batch renewal, or one
@@ -184,6 +187,7 @@ func newScheduler(c *Client) *scheduler {
 func (s *scheduler) add(g *Guard, due, local time.Time) {
 	s.mu.Lock()
 	g.due, g.expAt = due, local
+	s.maxWindow = max(s.maxWindow, g.s.window)
 	s.due.push(g)
 	s.exp.push(g)
 	s.armLocked()
@@ -257,7 +261,7 @@ func (s *scheduler) fire() {
 	var later []*Guard
 	maxBatch := s.c.opts.MaxRenewBatch
 	var cur *send
-	for len(s.due.gs) > 0 && !s.due.top().due.After(now.Add(s.c.maxWindow)) {
+	for len(s.due.gs) > 0 && !s.due.top().due.After(now.Add(s.maxWindow)) {
 		g := s.due.top()
 		s.due.remove(g)
 		if g.due.After(now.Add(g.s.window)) {
