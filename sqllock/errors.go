@@ -55,7 +55,7 @@ var (
 
 	// ErrUnavailable marks a transient backend failure: the database could not
 	// be reached, the connection broke, or the server is read-only (a standby
-	// after failover). The watchdog retries such errors until the local
+	// after failover). The scheduler retries such errors until the local
 	// deadline; they are never a lease loss by themselves.
 	ErrUnavailable = errors.New("sqllock: backend unavailable")
 
