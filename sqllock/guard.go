@@ -184,6 +184,7 @@ func (g *Guard) renew(ctx context.Context) (_ Lease, final error) {
 		// revive the Guard.
 		return Lease{}, errRenewTooLate
 	}
+	l.Value = g.lease.Value // a renewal never changes it, whatever the backend echoes
 	if nl := sent.Add(g.s.ttl - g.s.margin); nl.After(g.local) {
 		g.local = nl
 	}

@@ -34,28 +34,21 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 	if err := ctx.Err(); err != nil {
 		return notSent(opFence, l.Key, err)
 	}
-	// On the pool, take the connection explicitly: one that the server
-	// condemned (read-only after a failover, see unusable) is closed, not
-	// handed back for reuse.
-	conn, err := b.pooledConn(ctx)
+	// Take the connection explicitly: one that the server condemned
+	// (read-only after a failover, see unusable) is closed, not handed
+	// back for reuse.
+	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return b.translate(ctx, opFence, l.Key, err)
 	}
-	if conn != nil {
-		defer func() {
-			// After the rollback below (deferred later, run earlier).
-			if unusable(err) {
-				discard(ctx, conn.Conn())
-			}
-			conn.Release()
-		}()
-	}
-	var tx pgx.Tx
-	if conn != nil {
-		tx, err = conn.Begin(ctx)
-	} else {
-		tx, err = b.db.Begin(ctx)
-	}
+	defer func() {
+		// After the rollback below (deferred later, run earlier).
+		if unusable(err) {
+			discard(ctx, conn.Conn())
+		}
+		conn.Release()
+	}()
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return b.translate(ctx, opFence, l.Key, err)
 	}
