@@ -3,13 +3,15 @@ package cli
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/ashlock/ashlock/sqllock"
 )
 
 // logFlags are --log-format and --log-level, for the commands that hold a
-// lock (run).
+// lock (run, elect).
 type logFlags struct {
 	format, level string
 }
@@ -49,6 +51,26 @@ func (f *logFlags) setup(e *env) error {
 		return fail(ExitUsage, "--log-format %q: must be json or text", f.format)
 	}
 	return nil
+}
+
+// clientOptions are the Options of the Client of run and elect: their
+// lease's ttl, and the logging asked for.
+func (e *env) clientOptions(ttl time.Duration, d *database) sqllock.Options {
+	opts := sqllock.Options{TTL: ttl, ReleaseTimeout: releaseTimeout, BackendName: string(d.dialect), Logger: e.log}
+	if e.log != nil {
+		opts.Observer = lockObserver(e.log)
+	}
+	return opts
+}
+
+// notef prints a message that is not an error (elect's progress): a
+// record at level when logging, else a plain line as errorf.
+func (e *env) notef(level slog.Level, format string, args ...any) {
+	if e.log != nil {
+		e.log.Log(context.Background(), level, redact(fmt.Sprintf(format, args...)))
+		return
+	}
+	e.errorf(format, args...)
 }
 
 // lockObserver logs a lock's history through log: what the client's own

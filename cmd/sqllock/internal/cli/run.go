@@ -171,11 +171,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 		f.waitLeft = max(time.Until(start.Add(f.wait)), time.Millisecond)
 	}
 	defer b.close()
-	opts := sqllock.Options{TTL: f.ttl, ReleaseTimeout: releaseTimeout, BackendName: string(d.dialect), Logger: e.log}
-	if e.log != nil {
-		opts.Observer = lockObserver(e.log)
-	}
-	client, err := sqllock.New(b, opts)
+	client, err := sqllock.New(b, e.clientOptions(f.ttl, d))
 	if err != nil {
 		return fail(ExitUsage, "%v", err)
 	}
@@ -411,7 +407,7 @@ loop:
 	group.restoreTerminal()
 	status := exitStatus(cmd.ProcessState)
 	if e.log != nil {
-		e.log.Info("sqllock run: command exited", "key", f.key, "token", lease.Token, "command", f.commandRaw, "status", status)
+		e.log.Info(name+": command exited", "key", t.key, "token", t.token, "command", f.commandRaw, "status", status)
 	}
 	if lost == nil {
 		if errors.As(context.Cause(t.ctx), &lost) {
