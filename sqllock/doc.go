@@ -135,8 +135,9 @@
 // (outcome, duration, for Acquire the wait and the attempts), renewals
 // (outcome, round trip, and slack: what the local deadline had left when
 // the reply arrived), releases (outcome, time held), losses (reason), and
-// each Guard's start and end. A nil Observer costs nothing, and delivering
-// events allocates nothing. Package otelsqllock, a module of its own,
+// each Guard's start and end. A nil Observer costs nothing; with one, a
+// Guard allocates one small struct for its events, and delivering them
+// allocates nothing. Package otelsqllock, a module of its own,
 // records them as OpenTelemetry metrics and spans. [Options].Logger gets
 // losses and failures through the *Context methods of log/slog, with the
 // attributes key, token, owner, backend, reason, attempt and err.

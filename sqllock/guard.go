@@ -43,7 +43,7 @@ type Guard struct {
 	finishing bool        // set once, by the first Release (or the watchdog)
 	finishErr error       // the result of the release, valid after finished
 
-	obs guardObs // for the Observer's events (observe.go)
+	obs *guardObs // for the Observer's events (observe.go); nil without one
 }
 
 // errRenewTooLate is returned by renew when the local deadline passed while
@@ -66,8 +66,7 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 	g := &Guard{c: c, s: s, key: l.Key, token: l.Token, lease: l, local: local, done: make(chan struct{}), finished: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancelCause(parent)
 	g.wdCtx, g.wdCancel = context.WithCancel(context.Background())
-	g.obs.start, g.obs.owner = sent, l.Owner
-	g.observeStart()
+	g.observeStart(sent)
 	g.mu.Lock()
 	g.expiry = time.AfterFunc(time.Until(local), g.localDeadlinePassed)
 	g.mu.Unlock()

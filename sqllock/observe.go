@@ -285,7 +285,8 @@ func (c *Client) observeAcquire(ctx context.Context, req *AcquireRequest, wait b
 	o.Acquire(ctx, e)
 }
 
-// guardObs is a Guard's state for its events.
+// guardObs is a Guard's state for its events, allocated only when the
+// Client has an Observer (a Guard without one stays as small as before).
 type guardObs struct {
 	// Set before the Guard is shared, then read-only.
 	start time.Time // the acquire request's send time
@@ -299,9 +300,15 @@ func (g *Guard) event() GuardEvent {
 	return GuardEvent{Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token, Start: g.obs.start}
 }
 
-// observeStart reports a new Guard; it runs before the Guard is shared.
-func (g *Guard) observeStart() {
-	if o := g.c.opts.Observer; o != nil && o.GuardStart != nil {
+// observeStart reports a new Guard whose acquire request was sent at
+// sent; it runs before the Guard is shared.
+func (g *Guard) observeStart(sent time.Time) {
+	o := g.c.opts.Observer
+	if o == nil {
+		return
+	}
+	g.obs = &guardObs{start: sent, owner: g.lease.Owner}
+	if o.GuardStart != nil {
 		o.GuardStart(g.ctx, g.event())
 	}
 }
@@ -309,7 +316,7 @@ func (g *Guard) observeStart() {
 // markEnded marks the Guard ended at at, once: it returns false if it had
 // already ended. Held is then readable.
 func (g *Guard) markEnded(at time.Time) bool {
-	if !g.obs.ended.CompareAndSwap(false, true) {
+	if g.obs == nil || !g.obs.ended.CompareAndSwap(false, true) {
 		return false
 	}
 	g.obs.held.Store(int64(at.Sub(g.obs.start)))
@@ -393,7 +400,7 @@ func (g *Guard) observeRelease(start time.Time, err *error) {
 
 // logAttrs returns the Guard's stable log attributes followed by more.
 func (g *Guard) logAttrs(more ...any) []any {
-	return append([]any{"key", g.key, "token", g.token, "owner", g.obs.owner, "backend", g.c.opts.BackendName}, more...)
+	return append([]any{"key", g.key, "token", g.token, "owner", g.Lease().Owner, "backend", g.c.opts.BackendName}, more...)
 }
 
 // logRenewFailure logs a transient renewal failure, which the watchdog

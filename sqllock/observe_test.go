@@ -518,11 +518,11 @@ func TestObserverSettleAttempts(t *testing.T) {
 	})
 }
 
-// TestObserverAllocatesNothing: a client with an observer allocates
-// exactly what one without does, so building and delivering events costs
-// no allocation (and without an observer none are built). Not parallel:
-// AllocsPerRun counts every goroutine's allocations. BenchmarkObserver
-// reports the figures.
+// TestObserverAllocatesNothing: a client with an observer allocates what
+// one without does, plus one small struct per Guard (its events' state,
+// which a Guard without an observer does without), so building and
+// delivering events allocates nothing. Not parallel: AllocsPerRun counts
+// every goroutine's allocations. BenchmarkObserver reports the figures.
 func TestObserverAllocatesNothing(t *testing.T) {
 	ctx := context.Background()
 	noop := &sqllock.Observer{
@@ -555,5 +555,5 @@ func TestObserverAllocatesNothing(t *testing.T) {
 	}
 	none, with := allocs(nil), allocs(noop)
 	t.Logf("allocs per TryAcquire+Renew+Release+refused TryAcquire: %.0f without an observer, %.0f with one", none, with)
-	require.LessOrEqual(t, with, none)
+	require.Equal(t, none+1, with, "one Guard: one allocation for its events' state, none for the events")
 }
