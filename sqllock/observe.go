@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 )
 
@@ -292,8 +292,16 @@ type guardObs struct {
 	start time.Time // the acquire request's send time
 	owner string    // the lease's owner (g.lease is guarded by g.mu)
 
-	ended atomic.Bool  // GuardEnd was reported
-	held  atomic.Int64 // how long the lease was held (ns); set before ended
+	mu    sync.Mutex    // guards ended and held
+	ended bool          // the Guard stopped holding its lease (GuardEnd is reported once)
+	held  time.Duration // how long it held it; set with ended
+}
+
+// heldFor returns how long the Guard held its lease (after markEnded).
+func (g *Guard) heldFor() time.Duration {
+	g.obs.mu.Lock()
+	defer g.obs.mu.Unlock()
+	return g.obs.held
 }
 
 func (g *Guard) event() GuardEvent {
@@ -316,10 +324,15 @@ func (g *Guard) observeStart(sent time.Time) {
 // markEnded marks the Guard ended at at, once: it returns false if it had
 // already ended. Held is then readable.
 func (g *Guard) markEnded(at time.Time) bool {
-	if g.obs == nil || !g.obs.ended.CompareAndSwap(false, true) {
+	if g.obs == nil {
 		return false
 	}
-	g.obs.held.Store(int64(at.Sub(g.obs.start)))
+	g.obs.mu.Lock()
+	defer g.obs.mu.Unlock()
+	if g.obs.ended {
+		return false
+	}
+	g.obs.ended, g.obs.held = true, at.Sub(g.obs.start)
 	return true
 }
 
@@ -327,7 +340,7 @@ func (g *Guard) markEnded(at time.Time) bool {
 func (g *Guard) observeEnd(outcome Outcome, err error) {
 	if o := g.c.opts.Observer; o != nil && o.GuardEnd != nil {
 		e := g.event()
-		e.Outcome, e.Held, e.Err = outcome, time.Duration(g.obs.held.Load()), err
+		e.Outcome, e.Held, e.Err = outcome, g.heldFor(), err
 		o.GuardEnd(g.ctx, e)
 	}
 }
@@ -369,7 +382,7 @@ func (g *Guard) observeLost(le *LostError, at time.Time) {
 	if o := g.c.opts.Observer; o != nil && o.Lost != nil {
 		o.Lost(g.ctx, LostEvent{
 			Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token,
-			Reason: le.Reason, Held: time.Duration(g.obs.held.Load()), Err: le,
+			Reason: le.Reason, Held: g.heldFor(), Err: le,
 		})
 	}
 	g.observeEnd(OutcomeLost, le)
@@ -393,7 +406,7 @@ func (g *Guard) observeRelease(start time.Time, err *error) {
 		o.Release(g.ctx, ReleaseEvent{
 			Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token,
 			Outcome: outcomeOf(*err, OutcomeReleased), Start: start, Duration: time.Since(start),
-			Held: time.Duration(g.obs.held.Load()), Err: *err,
+			Held: g.heldFor(), Err: *err,
 		})
 	}
 }
