@@ -58,6 +58,8 @@ type Guard struct {
 
 	// The Client's list of Guards, guarded by the Client's mu.
 	prev, next *Guard
+
+	obs *guardObs // for the Observer's events (observe.go); nil without one
 }
 
 // errRenewTooLate is returned by renew when the local deadline passed while
@@ -79,6 +81,7 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 	}
 	g := &Guard{c: c, s: s, key: l.Key, token: l.Token, owner: l.Owner, parent: parent,
 		lease: l, local: local, dueIdx: -1, expIdx: -1}
+	g.observeStart(sent)
 
 	c.mu.Lock()
 	closed := c.closed
@@ -201,7 +204,7 @@ func (g *Guard) Renew(ctx context.Context) (Lease, error) {
 
 // renew sends one renewal, bounded by the local deadline, and applies its
 // result unless the Guard was lost or released meanwhile.
-func (g *Guard) renew(ctx context.Context) (Lease, error) {
+func (g *Guard) renew(ctx context.Context) (_ Lease, final error) {
 	g.mu.Lock()
 	lease, local := g.lease, g.local
 	g.mu.Unlock()
@@ -209,6 +212,9 @@ func (g *Guard) renew(ctx context.Context) (Lease, error) {
 	defer cancel()
 	sent := time.Now()
 	l, err := g.c.b.TryRenew(rctx, lease, g.s.ttl)
+	if g.c.opts.Observer != nil {
+		defer g.observeRenew(sent, time.Now(), local, err, &final)
+	}
 	if mutantOn(mutantDeadlineFromReply) {
 		sent = time.Now()
 	}
@@ -254,36 +260,46 @@ func (g *Guard) extendLocked(sent time.Time, l Lease) {
 // next renewal one interval after sent; a loss ends the Guard; a transient
 // error retries with backoff (at once and on its own when alone: an error
 // of this lease alone in a batch).
-func (g *Guard) applyRenewal(b *batch, sent time.Time, l Lease, err error, alone bool) {
+func (g *Guard) applyRenewal(b *batch, sent, replied time.Time, l Lease, err error, alone bool) {
 	sc := g.c.sched
 	g.mu.Lock()
+	local := g.local
 	if g.lost != nil || g.finishing {
 		sc.landed(g, b)
+		var final error = ErrReleased
+		if g.lost != nil {
+			final = g.lost
+		}
 		g.mu.Unlock()
+		if g.c.opts.Observer != nil {
+			g.observeRenew(sent, replied, local, err, &final)
+		}
 		return
 	}
 	now := time.Now()
+	var final error // the renewal's result for the Guard, as renew returns it
+	attempt, lost := 0, false
 	switch {
 	case err == nil && !now.Before(g.local):
 		// The local deadline passed while the renewal was in flight: the
 		// scheduler ends the Guard at it; a late success does not revive.
+		final = errRenewTooLate
 		sc.landed(g, b)
 	case err == nil:
 		g.extendLocked(sent, l)
 		g.attempt = 0
 		sc.reschedule(g, b, sent.Add(g.s.interval), g.local, false)
 	case errors.Is(err, ErrLeaseLost) && mutantOn(mutantGuardIgnoresLoss):
+		final = err
 		sc.reschedule(g, b, now.Add(g.s.interval), time.Time{}, false)
 	case errors.Is(err, ErrLeaseLost):
+		final, lost = err, true
 		sc.landed(g, b)
-		g.mu.Unlock()
-		g.lose(err)
-		return
 	default:
+		final = err
 		g.lastErr = err
 		g.attempt++
-		attempt := g.attempt
-		g.c.log.Debug("sqllock: renewal failed, retrying", "key", g.key, "token", g.token, "attempt", attempt, "err", err)
+		attempt = g.attempt
 		next := now.Add(min(g.c.opts.Backoff(attempt), g.s.interval))
 		if alone {
 			next = now
@@ -291,6 +307,15 @@ func (g *Guard) applyRenewal(b *batch, sent time.Time, l Lease, err error, alone
 		sc.reschedule(g, b, next, time.Time{}, alone)
 	}
 	g.mu.Unlock()
+	if g.c.opts.Observer != nil {
+		g.observeRenew(sent, replied, local, err, &final)
+	}
+	switch {
+	case attempt > 0:
+		g.logRenewFailure(attempt, err)
+	case lost:
+		g.lose(err)
+	}
 }
 
 // localDeadlinePassed runs on the scheduler when the local deadline came
@@ -330,9 +355,7 @@ func (g *Guard) lose(err error) {
 		b.abandon() // no live lease needs it any more
 	}
 	g.stopWatchingParent()
-	if ours {
-		g.c.log.Warn("sqllock: lease lost", "key", le.Key, "token", le.Token, "reason", le.Reason.String(), "err", le.Err)
-	}
+	g.noteLoss(le, ours)
 }
 
 func (g *Guard) stopWatchingParent() {
@@ -480,15 +503,17 @@ func (g *Guard) awaitBatch(ctx context.Context, b *batch, half, last bool) {
 // releaseBackend releases the lease at the backend (unless a newer token or
 // a release already ended it), within ctx, and forgets the Guard. It runs
 // once, after the Guard has ended.
-func (g *Guard) releaseBackend(ctx context.Context) error {
+func (g *Guard) releaseBackend(ctx context.Context) (err error) {
 	defer g.c.forget(g)
+	if g.c.opts.Observer != nil {
+		defer g.observeRelease(time.Now(), &err)
+	}
 	g.mu.Lock()
 	lease, lost := g.lease, g.lost
 	g.mu.Unlock()
 	if lost != nil && (lost.Reason == LostTaken || lost.Reason == LostReleased) {
 		return lost
 	}
-	var err error
 	for attempt := 1; ; attempt++ {
 		err = g.c.b.Release(ctx, lease)
 		if err == nil || (!errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrIndeterminate)) || attempt == 3 {
@@ -503,7 +528,7 @@ func (g *Guard) releaseBackend(ctx context.Context) error {
 		return lost
 	}
 	if err != nil {
-		g.c.log.Warn("sqllock: release failed; the lease ends at its deadline", "key", lease.Key, "token", lease.Token, "err", err)
+		g.c.logReleaseFailure(g.parent, lease, err)
 	}
 	return err
 }

@@ -326,10 +326,11 @@ func (s *scheduler) run(sd send) {
 		g := sd.gs[0]
 		sent := time.Now()
 		l, err := s.c.b.TryRenew(ctx, Lease{Key: g.key, Token: g.token, Owner: g.owner}, g.s.ttl)
+		replied := time.Now()
 		if mutantOn(mutantDeadlineFromReply) {
 			sent = time.Now()
 		}
-		g.applyRenewal(sd.b, sent, l, err, false)
+		g.applyRenewal(sd.b, sent, replied, l, err, false)
 		return
 	}
 	reqs := make([]RenewRequest, len(sd.gs))
@@ -338,6 +339,7 @@ func (s *scheduler) run(sd send) {
 	}
 	sent := time.Now()
 	res, err := s.br.TryRenewBatch(ctx, reqs)
+	replied := time.Now()
 	if mutantOn(mutantBatchDeadlineFromReply) {
 		sent = time.Now()
 	}
@@ -345,17 +347,17 @@ func (s *scheduler) run(sd send) {
 		err = errors.Join(ErrUnavailable, errors.New("sqllock: the backend's batch renewal returned a result count unlike its request count"))
 	}
 	if err != nil {
-		s.c.log.Debug("sqllock: batch renewal failed, retrying each lease", "leases", len(reqs), "err", err)
+		s.c.log.Debug("sqllock: batch renewal failed, retrying each lease", "leases", len(reqs), "backend", s.c.opts.BackendName, "err", err)
 	}
 	for i, g := range sd.gs {
 		if err != nil {
-			g.applyRenewal(sd.b, sent, Lease{}, err, false)
+			g.applyRenewal(sd.b, sent, replied, Lease{}, err, false)
 			continue
 		}
 		r := res[i]
 		// A transient error of this element alone: renew it on its own.
 		alone := r.Err != nil && !errors.Is(r.Err, ErrLeaseLost)
-		g.applyRenewal(sd.b, sent, r.Lease, r.Err, alone)
+		g.applyRenewal(sd.b, sent, replied, r.Lease, r.Err, alone)
 	}
 }
 

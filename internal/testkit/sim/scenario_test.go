@@ -76,6 +76,7 @@ func TestSimDBClockStep(t *testing.T) {
 // releases sent while a renewal of their lease was in flight.
 type batchFigures struct {
 	batches, multi, mixed, keyTwice, racingReleases int
+	lostReplies, hung                              int // multi-lease batches whose reply was lost, that hung
 }
 
 func countBatches(h *history.History) batchFigures {
@@ -116,6 +117,12 @@ func countBatches(h *history.History) batchFigures {
 		}
 		if twice {
 			f.keyTwice++
+		}
+		switch ops[0].Fault {
+		case "fail_after":
+			f.lostReplies++
+		case "hang":
+			f.hung++
 		}
 	}
 	for _, rel := range h.Ops {
@@ -168,6 +175,8 @@ func TestSimMany(t *testing.T) {
 					total.mixed += bf.mixed
 					total.keyTwice += bf.keyTwice
 					total.racingReleases += bf.racingReleases
+					total.lostReplies += bf.lostReplies
+					total.hung += bf.hung
 					mu.Unlock()
 					if rep.Anomalies() > 0 {
 						failed.Add(1)
@@ -177,8 +186,8 @@ func TestSimMany(t *testing.T) {
 			})
 		}
 	})
-	f.extra = append(f.extra, fmt.Sprintf("batches={renewals:%d, multi_lease:%d, mixed_outcomes:%d, key_twice:%d} releases_racing_a_batch=%d",
-		total.batches, total.multi, total.mixed, total.keyTwice, total.racingReleases))
+	f.extra = append(f.extra, fmt.Sprintf("batches={renewals:%d, multi_lease:%d, mixed_outcomes:%d, key_twice:%d, reply_lost:%d, hung:%d} releases_racing_a_batch=%d",
+		total.batches, total.multi, total.mixed, total.keyTwice, total.lostReplies, total.hung, total.racingReleases))
 	t.Log(f.line("TestSimMany"))
 	f.requireConfiguredFired(t)
 	require.Zero(t, f.rep.StaleApplied)
@@ -186,5 +195,7 @@ func TestSimMany(t *testing.T) {
 		require.Positive(t, total.multi, "no batch carried more than one lease: the scenario tested nothing")
 		require.Positive(t, total.mixed, "no batch had mixed outcomes")
 		require.Positive(t, total.racingReleases, "no release raced a batch in flight")
+		require.Positive(t, total.lostReplies, "no multi-lease batch lost its reply")
+		require.Positive(t, total.hung, "no multi-lease batch hung")
 	}
 }
