@@ -268,6 +268,11 @@ func TestOneLeaderAtATime(t *testing.T) {
 					if err != nil && !errors.Is(err, context.Canceled) {
 						t.Error(err)
 					}
+					// A leader that resigned and campaigned again at once
+					// would race the candidates its release woke, and win
+					// or lose by scheduling alone (both cores run at once,
+					// also in the bubble): it lets them go first.
+					time.Sleep(time.Millisecond)
 				}
 			})
 		}
