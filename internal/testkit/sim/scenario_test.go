@@ -76,7 +76,7 @@ func TestSimDBClockStep(t *testing.T) {
 // releases sent while a renewal of their lease was in flight.
 type batchFigures struct {
 	batches, multi, mixed, keyTwice, racingReleases int
-	lostReplies, hung                              int // multi-lease batches whose reply was lost, that hung
+	lostReplies, hung                               int // multi-lease batches whose reply was lost, that hung
 }
 
 func countBatches(h *history.History) batchFigures {
