@@ -20,12 +20,19 @@ import (
 // replaceable; a nil batch passes through.
 type batchy struct {
 	sqllock.Backend
-	mem   *memory.Backend
-	batch func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error)
+	mem *memory.Backend
 
 	mu      sync.Mutex
+	batch   func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error)
 	batches [][]string // the keys of each batch, in call order
 	singles []string   // the keys of each TryRenew
+}
+
+// setBatch replaces the batch renewal (nil: the memory backend's).
+func (b *batchy) setBatch(f func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.batch = f
 }
 
 func (b *batchy) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
@@ -35,9 +42,10 @@ func (b *batchy) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest)
 	}
 	b.mu.Lock()
 	b.batches = append(b.batches, keys)
+	f := b.batch
 	b.mu.Unlock()
-	if b.batch != nil {
-		return b.batch(ctx, reqs)
+	if f != nil {
+		return f(ctx, reqs)
 	}
 	return b.mem.TryRenewBatch(ctx, reqs)
 }
@@ -88,12 +96,12 @@ func TestBatchLocalDeadlineFromSendTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const reqDelay, replyDelay, margin = 300 * time.Millisecond, 400 * time.Millisecond, 50 * time.Millisecond
 		b, c := setupBatchy(t, sqllock.Options{Margin: margin})
-		b.batch = func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+		b.setBatch(func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
 			time.Sleep(reqDelay)
 			res, err := b.mem.TryRenewBatch(ctx, reqs)
 			time.Sleep(replyDelay)
 			return res, err
-		}
+		})
 		sent := time.Now()
 		gs := acquireAll(t, c, "a", "b", "c")
 		time.Sleep(time.Until(sent.Add(interval + reqDelay + replyDelay + time.Millisecond)))
@@ -178,7 +186,7 @@ func TestBatchHangingPastSomeDeadlines(t *testing.T) {
 		late := acquireAll(t, c, "late")[0]
 		var hang atomic.Bool
 		hang.Store(true)
-		b.batch = func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+		b.setBatch(func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
 			if hang.Swap(false) {
 				// Applied at once; the reply arrives after early's local
 				// deadline, before late's.
@@ -187,7 +195,7 @@ func TestBatchHangingPastSomeDeadlines(t *testing.T) {
 				return res, err
 			}
 			return b.mem.TryRenewBatch(ctx, reqs)
-		}
+		})
 		earlyDeadline := early.LocalDeadline()
 		<-early.Done()
 		require.Equal(t, earlyDeadline, time.Now(), "ended exactly at its local deadline")
@@ -215,14 +223,14 @@ func TestBatchReplyLost(t *testing.T) {
 		b, c := setupBatchy(t, sqllock.Options{})
 		var lose atomic.Int32
 		lose.Store(2)
-		b.batch = func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+		b.setBatch(func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
 			_, err := b.mem.TryRenewBatch(ctx, reqs)
 			require.NoError(t, err)
 			if lose.Add(-1) >= 0 {
 				return nil, fmt.Errorf("%w: reply lost", sqllock.ErrUnavailable)
 			}
 			return b.mem.TryRenewBatch(ctx, reqs)
-		}
+		})
 		start := time.Now()
 		gs := acquireAll(t, c, "a", "b")
 		time.Sleep(interval + 250*time.Millisecond)
@@ -242,14 +250,14 @@ func TestBatchBusyElementRenewedAlone(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		b, c := setupBatchy(t, sqllock.Options{})
-		b.batch = func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+		b.setBatch(func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
 			res, err := b.mem.TryRenewBatch(ctx, reqs[1:])
 			if err != nil {
 				return nil, err
 			}
 			busy := sqllock.RenewResult{Err: fmt.Errorf("%w: row locked", sqllock.ErrUnavailable)}
 			return append([]sqllock.RenewResult{busy}, res...), nil
-		}
+		})
 		start := time.Now()
 		gs := acquireAll(t, c, "busy", "b")
 		time.Sleep(interval + time.Millisecond)
@@ -273,7 +281,7 @@ func TestReleaseDoesNotCancelTheBatchInFlight(t *testing.T) {
 		inFlight := make(chan struct{})
 		var cancelled atomic.Bool
 		var once sync.Once
-		b.batch = func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+		b.setBatch(func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
 			once.Do(func() { close(inFlight) })
 			select {
 			case <-time.After(200 * time.Millisecond):
@@ -282,7 +290,7 @@ func TestReleaseDoesNotCancelTheBatchInFlight(t *testing.T) {
 				return nil, ctx.Err()
 			}
 			return b.mem.TryRenewBatch(ctx, reqs)
-		}
+		})
 		gs := acquireAll(t, c, "a", "b")
 		<-inFlight
 		start := time.Now()
@@ -297,11 +305,11 @@ func TestReleaseDoesNotCancelTheBatchInFlight(t *testing.T) {
 
 		// Released while alone in a batch that does not answer: the
 		// release waits half its bound, then gives up on the batch.
-		b.batch = func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+		b.setBatch(func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
 			<-ctx.Done()
 			cancelled.Store(true)
 			return nil, errors.Join(sqllock.ErrUnavailable, ctx.Err())
-		}
+		})
 		time.Sleep(interval)
 		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 		defer cancel()
@@ -322,7 +330,7 @@ func TestReleasesRacingBatches(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b, c := setupBatchy(t, sqllock.Options{})
 		var cancelled atomic.Int32
-		b.batch = func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+		b.setBatch(func(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
 			select {
 			case <-time.After(50 * time.Millisecond):
 			case <-ctx.Done():
@@ -330,7 +338,7 @@ func TestReleasesRacingBatches(t *testing.T) {
 				return nil, ctx.Err()
 			}
 			return b.mem.TryRenewBatch(ctx, reqs)
-		}
+		})
 		var keys []string
 		for i := range 20 {
 			keys = append(keys, fmt.Sprintf("k%02d", i))

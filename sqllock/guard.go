@@ -473,8 +473,9 @@ func (g *Guard) finish(err error) {
 // awaitBatch waits for the batch carrying the lease's renewal to land: for
 // at most half of the time ctx has left (half), or until ctx ends. If the
 // batch is still in flight then and last is set (the lease was the last
-// live one in it), it cancels the batch: no lease needs its result, and a
-// backend that has not answered by now is not answering.
+// live one in it), it cancels the batch (no lease needs its result, and a
+// backend that has not answered by now is not answering) and waits for it
+// to return for at most half of what is left.
 func (g *Guard) awaitBatch(ctx context.Context, b *batch, half, last bool) {
 	if b == nil {
 		return
@@ -497,6 +498,10 @@ func (g *Guard) awaitBatch(ctx context.Context, b *batch, half, last bool) {
 	}
 	if last {
 		b.abandon()
+		// A backend that heeds the cancellation returns at once: let it,
+		// so that the release still comes after the renewal at the
+		// backend; one that does not gets half of what is left.
+		g.awaitBatch(ctx, b, true, false)
 	}
 }
 
