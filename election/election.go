@@ -179,7 +179,19 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 	}
 	parent, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, cancel)
-	g, err := e.c.Acquire(parent, e.key, &sqllock.AcquireOptions{TTL: e.cfg.TTL, Value: e.cfg.Value})
+	var (
+		g   *sqllock.Guard
+		err error
+	)
+	for {
+		g, err = e.c.Acquire(parent, e.key, &sqllock.AcquireOptions{TTL: e.cfg.TTL, Value: e.cfg.Value})
+		// A grant whose reply came after its local deadline is of no use
+		// and the Client has released it (a *LostError): that is a
+		// campaign to run again, not a reason to stop campaigning.
+		if err == nil || !errors.Is(err, sqllock.ErrLeaseLost) || parent.Err() != nil {
+			break
+		}
+	}
 	if !stop() {
 		// ctx ended during the campaign (and cancelled parent): a grant
 		// that came just before is not handed out.

@@ -313,3 +313,47 @@ func TestLeaderStopsAtLocalDeadline(t *testing.T) {
 		require.Equal(t, ttl-margin, ended.Sub(start), "the term ended at its local deadline")
 	})
 }
+
+// lateFirstGrant applies the first acquire at once but delivers its reply
+// only after the TTL: after the local deadline, too late to use.
+type lateFirstGrant struct {
+	*memory.Backend
+	n atomic.Int64
+}
+
+func (b *lateFirstGrant) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	l, err := b.Backend.TryAcquire(ctx, req)
+	if b.n.Add(1) == 1 {
+		time.Sleep(ttl)
+	}
+	return l, err
+}
+
+// A grant whose reply arrives after its local deadline is not a reason to
+// stop campaigning: the client releases it, and Campaign (and so Run)
+// campaigns again and wins the next term. Found by the election
+// simulation (TestElectionSim), where Run returned the *LostError of a
+// grant whose reply a delay fault held past the local deadline.
+func TestCampaignAgainAfterLateGrant(t *testing.T) {
+	t.Run("Campaign", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e := candidate(t, &lateFirstGrant{Backend: memory.New()}, "a")
+			l, err := e.Campaign(t.Context())
+			require.NoError(t, err)
+			require.EqualValues(t, 2, l.Term().Token, "term 1 came too late and was released")
+			require.NoError(t, l.Resign(t.Context()))
+		})
+	})
+	t.Run("Run", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e := candidate(t, &lateFirstGrant{Backend: memory.New()}, "a")
+			var terms []int64
+			err := e.Run(t.Context(), func(ctx context.Context, term election.Term) error {
+				terms = append(terms, term.Token)
+				return nil
+			})
+			require.NoError(t, err)
+			require.Equal(t, []int64{2}, terms)
+		})
+	})
+}
