@@ -23,8 +23,8 @@
 //   - There are no callbacks: the function is called once per term, in
 //     order, never concurrently; nothing reports the end of a term that did
 //     not start.
-//   - [Election.Observe] reports "no leader" too, and never a term lower
-//     than one it reported.
+//   - [Election.Observe] reports "no leader" too, never a term lower
+//     than one it reported, and never an ended term as led again.
 package election
 
 import (
@@ -317,8 +317,9 @@ func (e *Election) observe(ctx context.Context) (Observation, error) {
 // each time it changes (a new term, or leader / no leader), starting with
 // the state now. It reads the state when the backend signals a release of
 // the key and every PollInterval, and never reports a term lower than one it
-// has reported. Read errors are not reported; the next read tries again.
-// The channel is closed when ctx ends.
+// has reported, nor a term as led again once it reported that term ended.
+// Read errors are not reported; the next read tries again. The channel is
+// closed when ctx ends.
 func (e *Election) Observe(ctx context.Context) <-chan Observation {
 	out := make(chan Observation)
 	wake, stopWatch, _ := e.c.Watch(e.key)
@@ -345,6 +346,12 @@ func (e *Election) Observe(ctx context.Context) <-chan Observation {
 			t.Reset(e.cfg.PollInterval)
 			o, err := e.observe(ctx)
 			if err != nil || o.Term.Token < last.Term.Token {
+				continue
+			}
+			if o.Leading && !last.Leading && o.Term.Token == last.Term.Token && o.Term.Token > 0 {
+				// A term reported ended does not come back: this read is
+				// stale (a lagging replica), or the database clock stepped
+				// back over the term's deadline after its leader stopped.
 				continue
 			}
 			if sent && o.Leading == last.Leading && o.Term.Token == last.Term.Token && o.Term.Leader == last.Term.Leader {

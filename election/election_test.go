@@ -357,3 +357,59 @@ func TestCampaignAgainAfterLateGrant(t *testing.T) {
 		})
 	})
 }
+
+// staleList serves, once stale is set, the first answer of List it gave
+// (a lagging replica or cache).
+type staleList struct {
+	*memory.Backend
+	stale atomic.Bool
+
+	mu    sync.Mutex
+	first []sqllock.LockInfo
+}
+
+func (s *staleList) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stale.Load() && s.first != nil {
+		return s.first, nil
+	}
+	infos, err := s.Backend.List(ctx, prefix)
+	if err == nil && s.first == nil {
+		s.first = infos
+	}
+	return infos, err
+}
+
+// A term Observe reported ended is never reported leading again, even
+// when a read comes back stale (or the database clock steps back over the
+// term's deadline): a term does not come back. Found by the election
+// simulation (TestElectionSim, observers with stale reads).
+func TestObserveNeverRevivesAnEndedTerm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		a := candidate(t, mem, "a")
+		la, err := a.Campaign(t.Context())
+		require.NoError(t, err)
+		sl := &staleList{Backend: mem}
+		b := candidate(t, sl, "b")
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		obs := b.Observe(ctx)
+		o := <-obs
+		require.True(t, o.Leading)
+		require.NoError(t, la.Resign(t.Context()))
+		o = <-obs
+		require.False(t, o.Leading)
+		require.Equal(t, la.Term().Token, o.Term.Token)
+
+		sl.stale.Store(true) // every read now says term 1 leads
+		time.Sleep(time.Second)
+		synctest.Wait()
+		select {
+		case o := <-obs:
+			t.Fatalf("an ended term reported again: %+v", o)
+		default:
+		}
+	})
+}
