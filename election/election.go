@@ -240,6 +240,8 @@ func (e *Election) Run(ctx context.Context, fn func(ctx context.Context, t Term)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
+		case lost && mutantOn(mutantRunReturnsOnLoss):
+			return errors.Join(ferr, rerr)
 		case lost:
 			failures++
 			if e.sleep(ctx, failures) != nil {
@@ -256,7 +258,11 @@ func (e *Election) Run(ctx context.Context, fn func(ctx context.Context, t Term)
 // lead runs fn for the term l, then resigns. lost reports whether the term
 // had ended (by a loss) before fn returned.
 func (e *Election) lead(ctx context.Context, l *Leadership, fn func(context.Context, Term) error) (lost bool, ferr, rerr error) {
-	fctx, fcancel := context.WithCancelCause(l.Context())
+	parent := l.Context()
+	if mutantOn(mutantLeadPastDeadline) {
+		parent = ctx
+	}
+	fctx, fcancel := context.WithCancelCause(parent)
 	stop := context.AfterFunc(ctx, func() { fcancel(context.Cause(ctx)) })
 	defer func() {
 		// After fn has returned (or panicked): never release under it.
