@@ -268,6 +268,11 @@ func TestOneLeaderAtATime(t *testing.T) {
 					if err != nil && !errors.Is(err, context.Canceled) {
 						t.Error(err)
 					}
+					// Campaign again a little later: the others, woken by
+					// the release at this very instant, go first (else
+					// who wins is up to the scheduler, and under load
+					// the same candidate could win every term).
+					time.Sleep(10 * time.Millisecond)
 				}
 			})
 		}
