@@ -13,6 +13,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing/synctest"
 	"time"
 
@@ -196,14 +197,17 @@ type elWorld struct {
 	maxDelay time.Duration
 	minTTL   time.Duration
 	maxOff   time.Duration
+	ids      [][]int // ids[candidate][n-1]: the client ID of incarnation n
+	obsIDs   []int
 	up       []bool   // driver-owned: the candidate has a live process
 	paused   []bool   // driver-owned
 	upCh     chan int // a candidate reports its new process
 	unpaused chan int
 
-	ctx    context.Context // the run; cancelled by windDown
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	ctx      context.Context // the run; cancelled by windDown
+	cancel   context.CancelFunc
+	stopping atomic.Bool // set by windDown: no process starts any more
+	wg       sync.WaitGroup
 
 	mu        sync.Mutex // guards the fields below
 	incs      []Incarnation
@@ -261,6 +265,7 @@ func RunElection(cfg ElectConfig) *ElectResult {
 	}
 	w.maxDelay = w.minTTL / 2
 	w.maxOff = w.minTTL / 5 / 5 // 0.2 × the smallest margin: within A2
+	w.assignIDs(nObs)
 	w.up = make([]bool, nCands)
 	w.paused = make([]bool, nCands)
 	w.upCh = make(chan int, nCands)
@@ -301,6 +306,37 @@ func RunElection(cfg ElectConfig) *ElectResult {
 	return res
 }
 
+// maxIncarnations is how many incarnations per candidate get a client ID
+// of their own spread (more were never seen: a few restarts and crashes
+// per candidate and seed).
+const maxIncarnations = 64
+
+// assignIDs chooses every client ID of the run before it starts, so that
+// no two clients share a spread delay (two waiters would wake at the same
+// instant after a release, and which one won would be up to the
+// scheduler): candidate i's n-th process is i*1000+n, or that plus a
+// multiple of 1e6 when its delay is taken.
+func (w *elWorld) assignIDs(nObs int) {
+	used := map[time.Duration]bool{}
+	pick := func(base int) int {
+		for id := base; ; id += 1_000_000 {
+			if d := faultbackend.SpreadDelay(w.cfg.Seed, id, spread); !used[d] {
+				used[d] = true
+				return id
+			}
+		}
+	}
+	for i := range nObs {
+		w.obsIDs = append(w.obsIDs, pick(100000+i))
+	}
+	w.ids = make([][]int, len(w.cands))
+	for n := 1; n <= maxIncarnations; n++ {
+		for i := range w.cands {
+			w.ids[i] = append(w.ids[i], pick(i*1000+n))
+		}
+	}
+}
+
 func (w *elWorld) jitter(lo, span time.Duration) time.Duration {
 	if span <= 0 {
 		return lo
@@ -322,11 +358,14 @@ func (w *elWorld) count(k faultbackend.Kind) {
 }
 
 // incarnate starts a new process of cd: a new wrapper, client, election
-// and context. The client IDs are a function of the candidate and the
-// incarnation, so that they do not depend on which of two candidates
-// restarting at one instant came first.
+// and context. The client IDs are chosen before the run (assignIDs), so
+// that they do not depend on which of two candidates restarting at one
+// instant came first.
 func (w *elWorld) incarnate(cd *candidate, n int) *incarnation {
-	id := cd.idx*1000 + n
+	id := cd.idx*1000 + n // beyond maxIncarnations: its delay may be shared
+	if n <= maxIncarnations {
+		id = w.ids[cd.idx][n-1]
+	}
 	fb := w.db.Client(faultbackend.Config{Client: id, Seed: w.cfg.Seed, Prob: w.prob, MaxDelay: w.maxDelay, Spread: spread})
 	c, err := sqllock.New(fb, sqllock.Options{
 		Owner:          fmt.Sprintf("c%d.%d", cd.idx, n),
@@ -391,6 +430,9 @@ func (w *elWorld) candidateLoop(cd *candidate, delay time.Duration) {
 			return
 		}
 		time.Sleep(d)
+		if w.stopping.Load() {
+			return
+		}
 	}
 }
 
@@ -561,7 +603,7 @@ func causeOfCtx(ctx context.Context) string {
 func (w *elWorld) observer(i int, poll, delay time.Duration) {
 	defer w.wg.Done()
 	time.Sleep(delay)
-	id := 100000 + i
+	id := w.obsIDs[i]
 	fb := w.db.Client(faultbackend.Config{Client: id, Seed: w.cfg.Seed, Spread: spread})
 	var b sqllock.Backend = fb
 	if w.active[StaleRead] {
@@ -690,10 +732,21 @@ func (w *elWorld) drainEl() {
 // windDown ends every process and observer and waits for every goroutine
 // of the run, so that the bubble ends empty (G8).
 func (w *elWorld) windDown() {
-	w.cancel()
+	w.stopping.Store(true)
 	for _, cd := range w.cands {
 		close(cd.restart)
 	}
+	// One process after the other, at instants of their own: processes
+	// ended at one instant would settle and release their campaigns at
+	// that instant, in an order up to the scheduler.
+	for _, cd := range w.cands {
+		if inc := w.current(cd); inc != nil {
+			inc.cancel()
+		}
+		time.Sleep(w.jitter(time.Millisecond, time.Millisecond))
+		synctest.Wait()
+	}
+	w.cancel()
 	done := make(chan struct{})
 	go func() {
 		w.wg.Wait()
