@@ -47,6 +47,9 @@ func notSent(o op, key string, err error) error {
 // with a message that says what happened, wrapping the original error.
 func (b *Backend) translate(ctx context.Context, o op, key string, err error) error {
 	prefix := fmt.Sprintf("sqllock/postgres: %s %q", o, key)
+	if errors.Is(err, ErrPoolerSettings) {
+		return fmt.Errorf("%s: not applied: %w", prefix, err)
+	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		// The server answered: the statement failed and was rolled back
 		// (a failed COMMIT too), so the outcome is known.
@@ -88,6 +91,11 @@ func (b *Backend) translate(ctx context.Context, o op, key string, err error) er
 func translatePg(ctx context.Context, prefix, table string, pgErr *pgconn.PgError, err error) error {
 	code := pgErr.Code
 	switch {
+	case isForeignStatement(pgErr):
+		return fmt.Errorf("%s: not applied: %w: the server connection lacks the statement pgx prepared, or has another client's "+
+			"(the pool's connections go through a pooler in transaction mode, such as PgBouncer): set default_query_exec_mode=exec "+
+			"(or cache_describe, or simple_protocol) in the connection string, and postgres.Options{DisableNotify: true}: %w",
+			prefix, ErrPoolerSettings, err)
 	case code == "42P01" || code == "3F000": // undefined_table, invalid_schema_name
 		return fmt.Errorf("%s: %w: table %s does not exist: %w",
 			prefix, sqllock.ErrSchemaMissing, table, err)

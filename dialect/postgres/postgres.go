@@ -51,10 +51,22 @@
 //
 // # Poolers
 //
-// Behind PgBouncer in transaction mode set [Options.DisableNotify] (LISTEN
-// needs a session) and configure pgx with QueryExecModeExec or
-// QueryExecModeSimpleProtocol unless PgBouncer >= 1.21 has
-// max_prepared_statements > 0. The backend itself keeps no session state.
+// Behind PgBouncer in transaction mode (or any pooler that gives a client
+// a server connection for one transaction at a time) two things need a
+// session, and so need settings:
+//   - pgx's default QueryExecModeCacheStatement prepares named statements
+//     on whichever server connection it has; set default_query_exec_mode=exec
+//     in the connection string (or cache_describe, or simple_protocol), unless
+//     PgBouncer (1.21 or later) has max_prepared_statements > 0;
+//   - LISTEN: set [Options.DisableNotify] (waiters then poll).
+//
+// The backend keeps no other session state: statements are single, each in
+// its own transaction, and [Backend.FencedTx] is one transaction. The first
+// statement checks whether such a pooler is in between while these settings
+// are wrong, and if so every statement fails with [ErrPoolerSettings],
+// which says what to set (see ErrPoolerSettings for what the check can and
+// cannot see). Session pooling needs nothing: everything works,
+// notifications included.
 package postgres
 
 import (
@@ -93,7 +105,8 @@ type Options struct {
 	// DisableNotify turns off LISTEN/NOTIFY: Release sends no notification
 	// and [Backend.Watch] returns a channel that never fires, so waiting
 	// clients find a released key by polling. Set it behind PgBouncer in
-	// transaction mode (or any pooler that does not keep a session).
+	// transaction mode (or any pooler that does not keep a session; see
+	// Poolers in the package doc).
 	DisableNotify bool
 
 	// DurableRelease makes Release commit synchronously, like grants and
@@ -146,6 +159,10 @@ type Backend struct {
 	beforeRacePeek func() // tests: runs before releaseRaced reads the row
 
 	conflictRetries atomic.Int64 // statements sent again after a conflict (tests)
+
+	// poolerCheck is what the first statement learned about a pooler in
+	// between (pooler.go).
+	poolerCheck pooler
 
 	// watches counts the watches in progress (Watch calls not yet ended):
 	// while it is 0, TryAcquire knows without a lock that no key is watched.

@@ -19,6 +19,9 @@ const conflictAttempts = 10
 // On the pool (the Backend's db is the application's *pgxpool.Pool, so the
 // statement runs in an implicit transaction of its own) it also:
 //
+//   - checks, with the first statement, whether a pooler in transaction
+//     mode stands between the pool and the server while the pool's
+//     settings need sessions (pooler.go);
 //   - takes the connection from the pool itself, and closes it instead of
 //     handing it back when the server answered with an error that condemns
 //     the session (see unusable): after a failover the pool's connections
@@ -52,6 +55,9 @@ func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...
 			return notSentError{err}
 		}
 		defer c.Release()
+		if err := b.checkPooler(ctx, c); err != nil {
+			return err
+		}
 		err = c.QueryRow(ctx, sql, args...).Scan(dest...)
 		if unusable(err) {
 			discard(ctx, c.Conn())
@@ -111,7 +117,15 @@ func (b *Backend) pooledConn(ctx context.Context) (*pgxpool.Conn, error) {
 	if b.pooled == nil {
 		return nil, nil
 	}
-	return b.pooled.Acquire(ctx)
+	c, err := b.pooled.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.checkPooler(ctx, c); err != nil {
+		c.Release()
+		return nil, err
+	}
+	return c, nil
 }
 
 // notSentError marks an error that happened before the statement was sent
