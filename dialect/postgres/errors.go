@@ -50,6 +50,15 @@ func (b *Backend) translate(ctx context.Context, o op, key string, err error) er
 	if errors.Is(err, ErrPoolerSettings) {
 		return fmt.Errorf("%s: not applied: %w", prefix, err)
 	}
+	if ue, ok := errors.AsType[*unsettledError](err); ok {
+		// The reply said it committed; a failover may still lose it.
+		what := "the server answered that it committed, but perhaps without waiting for the synchronous standbys " +
+			"(PostgreSQL commits locally and only warns when that wait is cancelled), so a failover may lose it"
+		if o.indeterminate() {
+			return fmt.Errorf("%s: %w: %w: %s", prefix, sqllock.ErrIndeterminate, ue, what)
+		}
+		return fmt.Errorf("%s: %w: %w: %s", prefix, sqllock.ErrUnavailable, ue, what)
+	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		// The server answered: the statement failed and was rolled back
 		// (a failed COMMIT too), so the outcome is known.

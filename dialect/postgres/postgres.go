@@ -35,6 +35,17 @@
 // and hand a token out twice, and nothing a client does can prevent it.
 // Releases commit asynchronously unless [Options.DurableRelease].
 //
+// With synchronous standbys, an acknowledged grant or renewal is on a
+// standby too, and survives a failover to it. The exception is a commit
+// whose wait for the standbys is cancelled (a cancel request when a
+// caller's context ends, or an operator's pg_cancel_backend): PostgreSQL
+// keeps the local commit, sends a WARNING and answers as for a success. A
+// statement that succeeded after its context ended, or with a WARNING, is
+// therefore reported as of unknown outcome: [sqllock.ErrIndeterminate] for
+// grants (and releases, and FencedTx commits), [sqllock.ErrUnavailable]
+// for renewals. pgx hands the WARNING to the pool's ConnConfig.OnNotice
+// alone: install [OnNotice] there to have an operator's cancel seen too.
+//
 // # Isolation levels and failover
 //
 // Where sessions default to REPEATABLE READ or SERIALIZABLE
@@ -308,7 +319,11 @@ func leaseMicros(ttl time.Duration) int64 { return micros(ttl) + 1 }
 // that breaks after it was sent, gives an error matching
 // [sqllock.ErrIndeterminate] (and [sqllock.ErrUnavailable] for the broken
 // connection): the grant may have committed, and repeating the same request
-// (same Owner) returns it.
+// (same Owner) returns it. So does a grant that the server answered as
+// committed when the context had ended meanwhile, or with a WARNING (seen
+// with [OnNotice]): its wait for the synchronous standbys may have been
+// cancelled, and a failover could lose it (see Durability in the package
+// doc).
 //
 // While the key is watched ([Backend.Watch], as a client's Acquire does
 // while it waits), an attempt that finds the key held by another owner

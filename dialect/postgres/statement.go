@@ -27,6 +27,8 @@ const conflictAttempts = 10
 //     the session (see unusable): after a failover the pool's connections
 //     may reach a server that is now read-only, while a new connection
 //     reaches the new primary (river#1225);
+//   - reports a statement that succeeded as unsettled when its commit may
+//     not have waited for the synchronous standbys (see syncwait.go);
 //   - sends the statement again when it failed with a serialization
 //     failure or a deadlock (see isConflict), up to conflictAttempts times
 //     with a short jittered backoff, while ctx lasts: such a statement was
@@ -58,7 +60,14 @@ func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...
 		if err := b.checkPooler(ctx, c); err != nil {
 			return err
 		}
+		pc := c.Conn().PgConn()
+		clearWarning(pc)
 		err = c.QueryRow(ctx, sql, args...).Scan(dest...)
+		if err == nil {
+			// Committed, but maybe without waiting for the synchronous
+			// standbys (syncwait.go).
+			err = unsettled(ctx, pc)
+		}
 		if unusable(err) {
 			discard(ctx, c.Conn())
 		}
