@@ -28,6 +28,7 @@
 package election
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -40,8 +41,23 @@ import (
 // KeyPrefix is prepended to an election's name to form its lock key.
 const KeyPrefix = "election/"
 
-// ErrNoLeader is returned by [Election.Leader] when no candidate leads.
+// ErrNoLeader is matched by the error of [Election.Leader] when no
+// candidate leads (a [*NoLeaderError]).
 var ErrNoLeader = errors.New("election: no leader")
+
+// NoLeaderError is [Election.Leader]'s error when no candidate leads. It
+// matches [ErrNoLeader].
+type NoLeaderError struct {
+	Name     string
+	LastTerm int64 // the last term's number; 0 when there was none
+}
+
+func (e *NoLeaderError) Error() string {
+	return fmt.Sprintf("election: no leader for %q (last term %d)", e.Name, e.LastTerm)
+}
+
+// Is makes a NoLeaderError match [ErrNoLeader].
+func (e *NoLeaderError) Is(target error) bool { return target == ErrNoLeader }
 
 // Config configures an [Election]. Only Name is required.
 type Config struct {
@@ -57,6 +73,10 @@ type Config struct {
 	// PollInterval is how often Observe reads the current term when no
 	// release signal wakes it; zero means one second.
 	PollInterval time.Duration
+	// Value is what this candidate publishes with each term it wins (its
+	// address, its version): at most [sqllock.MaxValueLen] bytes, stored
+	// with the lease and shown to Leader, Observe and `sqllock leader`.
+	Value []byte
 }
 
 // Term is one leader's tenure.
@@ -69,6 +89,8 @@ type Term struct {
 	Leader string
 	// Deadline is the lease's deadline by the database clock, as last read.
 	Deadline time.Time
+	// Value is the leader's [Config.Value] (nil for none).
+	Value []byte
 }
 
 // Election campaigns for one name. It is safe for concurrent use, but one
@@ -96,6 +118,10 @@ func New(c *sqllock.Client, cfg Config) (*Election, error) {
 			return nil, fmt.Errorf("election: TTL: %w", err)
 		}
 	}
+	if err := sqllock.ValidateValue(cfg.Value); err != nil {
+		return nil, fmt.Errorf("election: Value: %w", err)
+	}
+	cfg.Value = bytes.Clone(cfg.Value)
 	if cfg.PollInterval < 0 {
 		return nil, &sqllock.OptionError{Field: "election.Config.PollInterval", Value: cfg.PollInterval}
 	}
@@ -153,7 +179,7 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 	}
 	parent, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, cancel)
-	g, err := e.c.Acquire(parent, e.key, &sqllock.AcquireOptions{TTL: e.cfg.TTL})
+	g, err := e.c.Acquire(parent, e.key, &sqllock.AcquireOptions{TTL: e.cfg.TTL, Value: e.cfg.Value})
 	if !stop() {
 		// ctx ended during the campaign (and cancelled parent): a grant
 		// that came just before is not handed out.
@@ -168,7 +194,7 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 		return nil, err
 	}
 	l := g.Lease()
-	return &Leadership{g: g, cancel: cancel, term: Term{Name: e.cfg.Name, Token: l.Token, Leader: l.Owner, Deadline: l.Deadline}}, nil
+	return &Leadership{g: g, cancel: cancel, term: Term{Name: e.cfg.Name, Token: l.Token, Leader: l.Owner, Deadline: l.Deadline, Value: l.Value}}, nil
 }
 
 // Run campaigns and calls fn with each term this process wins, one at a
@@ -240,15 +266,15 @@ func transient(err error) bool {
 		errors.Is(err, sqllock.ErrNotAcquired)
 }
 
-// Leader returns the current term, or an error matching [ErrNoLeader] when
-// no lease of the election is held now.
+// Leader returns the current term, or a [*NoLeaderError] (matching
+// [ErrNoLeader]) when no lease of the election is held now.
 func (e *Election) Leader(ctx context.Context) (Term, error) {
 	o, err := e.observe(ctx)
 	if err != nil {
 		return Term{}, err
 	}
 	if !o.Leading {
-		return Term{}, fmt.Errorf("%w for %q (last term %d)", ErrNoLeader, e.cfg.Name, o.Term.Token)
+		return Term{}, &NoLeaderError{Name: e.cfg.Name, LastTerm: o.Term.Token}
 	}
 	return o.Term, nil
 }
@@ -269,7 +295,7 @@ func (e *Election) observe(ctx context.Context) (Observation, error) {
 	}
 	for _, i := range infos {
 		if i.Key == e.key {
-			return Observation{Leading: i.Held, Term: Term{Name: e.cfg.Name, Token: i.Token, Leader: i.Owner, Deadline: i.Deadline}}, nil
+			return Observation{Leading: i.Held, Term: Term{Name: e.cfg.Name, Token: i.Token, Leader: i.Owner, Deadline: i.Deadline, Value: i.Value}}, nil
 		}
 	}
 	return Observation{Term: Term{Name: e.cfg.Name}}, nil

@@ -37,7 +37,7 @@ func candidate(t *testing.T, b sqllock.Backend, name string) *election.Election 
 	c, err := sqllock.New(b, sqllock.Options{TTL: ttl, Owner: name, Backoff: func(int) time.Duration { return 50 * time.Millisecond }})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	e, err := election.New(c, election.Config{Name: "scheduler", Backoff: func(int) time.Duration { return 100 * time.Millisecond }, PollInterval: 200 * time.Millisecond})
+	e, err := election.New(c, election.Config{Name: "scheduler", Value: []byte("addr-" + name), Backoff: func(int) time.Duration { return 100 * time.Millisecond }, PollInterval: 200 * time.Millisecond})
 	require.NoError(t, err)
 	return e
 }
@@ -45,7 +45,7 @@ func candidate(t *testing.T, b sqllock.Backend, name string) *election.Election 
 func TestNewValidates(t *testing.T) {
 	c, err := sqllock.New(memory.New(), sqllock.Options{})
 	require.NoError(t, err)
-	for _, cfg := range []election.Config{{}, {Name: "a\x00b"}, {Name: "x", TTL: time.Nanosecond}, {Name: "x", PollInterval: -1}} {
+	for _, cfg := range []election.Config{{}, {Name: "a\x00b"}, {Name: "x", TTL: time.Nanosecond}, {Name: "x", PollInterval: -1}, {Name: "x", Value: make([]byte, sqllock.MaxValueLen+1)}} {
 		_, err := election.New(c, cfg)
 		require.Error(t, err, "%+v", cfg)
 	}
@@ -89,11 +89,14 @@ func TestCampaignResignTakeover(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, la.Term().Token, cur.Token)
 		require.Equal(t, la.Term().Leader, cur.Leader)
+		require.Equal(t, []byte("addr-a"), la.Term().Value)
+		require.Equal(t, []byte("addr-a"), cur.Value, "Leader reports the leader's value")
 
 		require.NoError(t, la.Resign(t.Context()))
 		require.ErrorIs(t, la.Err(), sqllock.ErrReleased)
 		lb := <-won
 		require.Greater(t, lb.Term().Token, la.Term().Token, "terms strictly increase")
+		require.Equal(t, []byte("addr-b"), lb.Term().Value)
 		require.NoError(t, lb.Resign(t.Context()))
 		_, err = a.Leader(t.Context())
 		require.ErrorIs(t, err, election.ErrNoLeader)

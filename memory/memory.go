@@ -9,6 +9,7 @@
 package memory
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"sort"
@@ -35,6 +36,7 @@ type entry struct {
 	held     bool
 	deadline time.Time
 	owner    string
+	value    []byte // the latest grant's, never changed in place
 }
 
 var (
@@ -76,7 +78,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		return b.lease(req.Key, e, now), nil
 	case e.held && now.Before(e.deadline):
 		return sqllock.Lease{}, &sqllock.HeldError{
-			Key: req.Key, Owner: e.owner, Token: e.token, Remaining: e.deadline.Sub(now),
+			Key: req.Key, Owner: e.owner, Token: e.token, Remaining: e.deadline.Sub(now), Value: bytes.Clone(e.value),
 		}
 	}
 	if e.token == math.MaxInt64 {
@@ -86,11 +88,15 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	e.held = true
 	e.deadline = now.Add(req.TTL)
 	e.owner = req.Owner
+	e.value = nil
+	if len(req.Value) > 0 {
+		e.value = bytes.Clone(req.Value)
+	}
 	return b.lease(req.Key, e, now), nil
 }
 
 func (b *Backend) lease(key string, e *entry, now time.Time) sqllock.Lease {
-	return sqllock.Lease{Key: key, Token: e.token, Owner: e.owner, Deadline: e.deadline, BackendTime: now}
+	return sqllock.Lease{Key: key, Token: e.token, Owner: e.owner, Deadline: e.deadline, BackendTime: now, Value: bytes.Clone(e.value)}
 }
 
 // TryRenew implements [sqllock.Backend].
@@ -166,7 +172,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		if !strings.HasPrefix(k, prefix) {
 			continue
 		}
-		info := sqllock.LockInfo{Key: k, Token: e.token, Owner: e.owner, Deadline: e.deadline}
+		info := sqllock.LockInfo{Key: k, Token: e.token, Owner: e.owner, Deadline: e.deadline, Value: bytes.Clone(e.value)}
 		if e.held && now.Before(e.deadline) {
 			info.Held, info.Remaining = true, e.deadline.Sub(now)
 		}

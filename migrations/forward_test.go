@@ -106,8 +106,11 @@ func TestSQLiteTokensNeverGoBackwards(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string][2]int64{"a": {7, 1}, "b": {4, 0}, "n": {1, 0}}, rows())
 
-	// Down removes both triggers again (00001's stays).
-	require.NoError(t, migrations.Down(ctx, migrations.SQLite, db, migrations.Options{}))
+	// Down to 00001 removes both triggers again (00001's stays).
+	p, err := migrations.NewProvider(migrations.SQLite, db, migrations.Options{})
+	require.NoError(t, err)
+	_, err = p.DownTo(ctx, 1)
+	require.NoError(t, err)
 	var triggers int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'trigger'`).Scan(&triggers))
 	require.Equal(t, 1, triggers)

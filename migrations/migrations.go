@@ -251,7 +251,8 @@ func NewProvider(d Dialect, db *sql.DB, o Options, opts ...goose.ProviderOption)
 // several *sql.DB handles or processes) race, and Up retries the attempts
 // that lost: an attempt that fails because the database is busy or locked
 // (SQLITE_BUSY or SQLITE_LOCKED, extended codes included), or because a
-// concurrent Up created a table first ("already exists"), is started over
+// concurrent Up created a table or column first ("already exists",
+// "duplicate column name"), is started over
 // after a short, jittered, exponentially growing sleep (at most 100ms). Each
 // attempt first checks for pending migrations, so Up returns nil once the
 // winner has committed them all, and a migration is never applied twice:
@@ -346,7 +347,8 @@ func isSQLiteExists(err error) bool {
 	if c, ok := sqlitecode.Primary(err); ok && c != sqlitecode.Error {
 		return false
 	}
-	return strings.Contains(err.Error(), "already exists")
+	// "duplicate column name": a concurrent Up added the column (00003) first.
+	return strings.Contains(err.Error(), "already exists") || strings.Contains(err.Error(), "duplicate column name")
 }
 
 // Down rolls back the most recent applied migration (one step). When nothing

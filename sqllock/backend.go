@@ -26,7 +26,9 @@ type Backend interface {
 	// retry of an acquire whose reply was lost: the backend returns that
 	// grant again with the same token and extends its deadline to now + TTL
 	// (so the caller's local deadline, counted from this request, stays
-	// valid). Owners are unique per acquire call.
+	// valid). Owners are unique per acquire call. The grant stores
+	// req.Value, and a refusal's [*HeldError] carries the holder's value,
+	// read in the same round trip.
 	//
 	// Errors: [ErrNotAcquired] as a [*HeldError] when held by another owner,
 	// with the holder's remaining time from the same round trip;
@@ -94,6 +96,11 @@ type AcquireRequest struct {
 	// this acquire call: a retry with the same Owner after a lost reply gets
 	// its own grant back. The Client makes it unique per acquire call.
 	Owner string
+	// Value is an opaque value the holder publishes with its lease (an
+	// address, a version), at most [MaxValueLen] bytes; nil for none. It is
+	// stored with the grant, returned by TryAcquire, List and a refused
+	// acquire's [*HeldError], and does not change while the lease is held.
+	Value []byte
 }
 
 // Lease is one granted lease: plain data, safe to copy.
@@ -107,6 +114,9 @@ type Lease struct {
 	// BackendTime is the backend's clock when it applied the operation.
 	// Deadline.Sub(BackendTime) is the TTL it granted.
 	BackendTime time.Time
+	// Value is the value set at acquire (nil for none). TryRenew returns
+	// the value of the lease it was given: a renewal never changes it.
+	Value []byte
 }
 
 // LockInfo describes one key, as [Backend.List] reports it.
@@ -121,4 +131,7 @@ type LockInfo struct {
 	// Remaining is the time left on the lease by the backend clock, 0 when
 	// not held.
 	Remaining time.Duration
+	// Value is the latest grant's value (nil for none); it stays after the
+	// lease ends, like Token, until the next grant replaces it.
+	Value []byte
 }

@@ -88,7 +88,7 @@ func (c *Client) request(key string, s settings) AcquireRequest {
 	// of the current lease for the retry of that very call and hands the
 	// same grant back, so two Clients sharing an owner name (say, the
 	// host name) and a sequence number would both hold one lease.
-	return AcquireRequest{Key: key, TTL: s.ttl, Owner: fmt.Sprintf("%s/%s-%d", c.owner, c.instance, c.seq.Add(1))}
+	return AcquireRequest{Key: key, TTL: s.ttl, Owner: fmt.Sprintf("%s/%s-%d", c.owner, c.instance, c.seq.Add(1)), Value: s.value}
 }
 
 // prepare validates a call's input before any I/O.

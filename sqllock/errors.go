@@ -38,6 +38,10 @@ var (
 	// longer than [MaxOwnerLen] bytes, not valid UTF-8 or containing NUL.
 	ErrInvalidOwner = errors.New("sqllock: invalid owner")
 
+	// ErrInvalidValue is returned, before any I/O, for a lease value longer
+	// than [MaxValueLen] bytes.
+	ErrInvalidValue = errors.New("sqllock: invalid value")
+
 	// ErrInvalidToken is returned, before any I/O, by TryRenew and Release
 	// for a lease whose token is not positive (never granted).
 	ErrInvalidToken = errors.New("sqllock: invalid token")
@@ -76,6 +80,7 @@ type HeldError struct {
 	Owner     string        // the holder's owner string; empty when the backend could not see the holder (a lost race for a new row)
 	Token     int64         // the holder's token (0 when unknown)
 	Remaining time.Duration // the holder's remaining lease by the backend clock
+	Value     []byte        // the holder's value (nil when none, or when Owner is empty)
 }
 
 func (e *HeldError) Error() string {

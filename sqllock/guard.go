@@ -177,6 +177,7 @@ func (g *Guard) renew(ctx context.Context) (Lease, error) {
 		// revive the Guard.
 		return Lease{}, errRenewTooLate
 	}
+	l.Value = g.lease.Value // a renewal never changes it, whatever the backend echoes
 	if nl := sent.Add(g.s.ttl - g.s.margin); nl.After(g.local) {
 		g.local = nl
 	}

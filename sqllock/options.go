@@ -1,6 +1,7 @@
 package sqllock
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,6 +70,10 @@ type AcquireOptions struct {
 	// the context ends. The bound ends the wait only: the Guard lives on
 	// under the context passed to Acquire. TryAcquire ignores it.
 	Wait time.Duration
+	// Value is published with the lease (see [AcquireRequest.Value]): at
+	// most [MaxValueLen] bytes, shown by List and `sqllock list` and to a
+	// refused acquirer in its [*HeldError]. It is copied at the call.
+	Value []byte
 }
 
 // DefaultBackoff waits 5ms·2^(attempt-1), capped at 250ms, with full jitter
@@ -131,6 +136,7 @@ func (e *OptionError) Unwrap() []error { return []error{ErrInvalidOption, ErrInv
 // settings are the resolved timings of one lease.
 type settings struct {
 	ttl, interval, margin time.Duration
+	value                 []byte
 }
 
 // settingsFor resolves the timings of a lease from the client options and
@@ -145,6 +151,12 @@ func (o *Options) settingsFor(ao *AcquireOptions) (settings, error) {
 	}
 	if ao != nil && ao.Wait < 0 {
 		return s, &OptionError{Field: "AcquireOptions.Wait", Value: ao.Wait}
+	}
+	if ao != nil && len(ao.Value) > 0 {
+		if err := ValidateValue(ao.Value); err != nil {
+			return s, err
+		}
+		s.value = bytes.Clone(ao.Value)
 	}
 	if o.RenewInterval > 0 && o.RenewInterval < MinInterval {
 		return s, &OptionError{Field: "RenewInterval", Value: o.RenewInterval, Min: MinInterval}

@@ -11,8 +11,9 @@ import (
 // them before any I/O, with the same error, so that a program behaves the
 // same on memory, SQLite and PostgreSQL.
 const (
-	MaxKeyLen   = 512 // bytes
-	MaxOwnerLen = 512 // bytes
+	MaxKeyLen   = 512  // bytes
+	MaxOwnerLen = 512  // bytes
+	MaxValueLen = 4096 // bytes
 	MinTTL      = time.Millisecond
 	MaxTTL      = 24 * time.Hour
 )
@@ -49,6 +50,16 @@ func validateText(s string, maxLen int) string {
 	return ""
 }
 
+// ValidateValue reports whether value, a lease's opaque value, fits every
+// backend: any bytes, at most [MaxValueLen]. The error matches
+// [ErrInvalidValue].
+func ValidateValue(value []byte) error {
+	if len(value) > MaxValueLen {
+		return fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidValue, len(value), MaxValueLen)
+	}
+	return nil
+}
+
 // ValidateTTL reports whether ttl lies within [[MinTTL], [MaxTTL]]. Backends
 // store a TTL at their own resolution (PostgreSQL microseconds, SQLite
 // milliseconds) and must round it up, never down, so that a lease never ends
@@ -69,7 +80,10 @@ func (r AcquireRequest) Validate() error {
 	if err := ValidateTTL(r.TTL); err != nil {
 		return err
 	}
-	return ValidateOwner(r.Owner)
+	if err := ValidateOwner(r.Owner); err != nil {
+		return err
+	}
+	return ValidateValue(r.Value)
 }
 
 // ValidateLease checks a lease passed to TryRenew or Release: a valid key, a

@@ -156,11 +156,14 @@ func isConnectionError(err error) bool {
 	return ok
 }
 
-// missingWaited reports the server's refusal of a statement that names
-// migration 00003's "waited" column on a table that does not have it.
-func missingWaited(err error) bool {
+// missingColumn reports the server's refusal of a statement that names a
+// column of a later migration (00003's "waited", 00004's "value") on a
+// table that does not have it.
+func missingColumn(err error, column string) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
-	return ok && pgErr.Code == "42703" && strings.Contains(pgErr.Message, "waited")
+	// `column "value" of relation ... does not exist`, `column c.value does not exist`
+	return ok && pgErr.Code == "42703" &&
+		(strings.Contains(pgErr.Message, `"`+column+`"`) || strings.Contains(pgErr.Message, "."+column+" "))
 }
 
 // isConflict reports a statement that failed with a serialization failure

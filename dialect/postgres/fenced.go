@@ -39,28 +39,25 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 	if err := ctx.Err(); err != nil {
 		return notSent(opFence, l.Key, err)
 	}
-	// On the pool, take the connection explicitly: one that the server
-	// condemned (read-only after a failover, see unusable) is closed, not
-	// handed back for reuse.
-	conn, err := b.pooledConn(ctx)
+	// Take the connection explicitly: one that the server condemned
+	// (read-only after a failover, see unusable) is closed, not handed
+	// back for reuse.
+	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return b.translate(ctx, opFence, l.Key, err)
 	}
-	if conn != nil {
-		defer func() {
-			// After the rollback below (deferred later, run earlier).
-			if unusable(err) {
-				discard(ctx, conn.Conn())
-			}
-			conn.Release()
-		}()
+	if err := b.checkPooler(ctx, conn); err != nil {
+		conn.Release()
+		return b.translate(ctx, opFence, l.Key, err)
 	}
-	var tx pgx.Tx
-	if conn != nil {
-		tx, err = conn.Begin(ctx)
-	} else {
-		tx, err = b.db.Begin(ctx)
-	}
+	defer func() {
+		// After the rollback below (deferred later, run earlier).
+		if unusable(err) {
+			discard(ctx, conn.Conn())
+		}
+		conn.Release()
+	}()
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return b.translate(ctx, opFence, l.Key, err)
 	}
@@ -90,18 +87,14 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 		return err
 	}
 	committed = true // from here on Commit ends the transaction either way
-	if conn != nil {
-		clearWarning(conn.Conn().PgConn())
-	}
+	clearWarning(conn.Conn().PgConn())
 	if err := tx.Commit(ctx); err != nil {
 		return b.translate(ctx, opCommit, l.Key, err)
 	}
-	if conn != nil {
-		// Committed, but maybe without waiting for the synchronous
-		// standbys (syncwait.go).
-		if err := unsettled(ctx, conn.Conn().PgConn()); err != nil {
-			return b.translate(ctx, opCommit, l.Key, err)
-		}
+	// Committed, but maybe without waiting for the synchronous standbys
+	// (syncwait.go).
+	if err := unsettled(ctx, conn.Conn().PgConn()); err != nil {
+		return b.translate(ctx, opCommit, l.Key, err)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -23,14 +24,13 @@ import (
 //
 // The returned function ends the watch; call it once when done.
 func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
 	if !b.notify {
-		return ch, func() {}
+		return make(chan struct{}, 1), func() {}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return ch, func() {}
+		return make(chan struct{}, 1), func() {}
 	}
 	l := b.listener
 	if l == nil {
@@ -40,13 +40,13 @@ func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
 	// Subscribe before the listener can start listening, so the first
 	// watcher is woken by the first LISTEN like every later one is by a
 	// release.
-	l.add(key, ch)
+	sub, unsubscribe := l.signals.Watch(key)
 	b.watches.Add(1)
 	l.start()
 	var once sync.Once
-	return ch, func() {
+	return sub, func() {
 		once.Do(func() {
-			l.remove(key, ch)
+			unsubscribe()
 			b.watches.Add(-1)
 		})
 	}
@@ -62,12 +62,7 @@ func (b *Backend) watched(key string) bool {
 	b.mu.Lock()
 	l := b.listener
 	b.mu.Unlock()
-	if l == nil {
-		return false
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.subs[key]) > 0
+	return l != nil && l.signals.Watched(key)
 }
 
 // listener owns the LISTEN connection and dispatches notifications (whose
@@ -80,14 +75,15 @@ type listener struct {
 
 	started bool // guarded by b.mu
 
-	mu   sync.Mutex
-	subs map[string]map[chan struct{}]struct{}
-	pid  uint32 // backend PID of the listening connection, 0 when none (tests)
+	signals wait.Signals // the watchers, by key
+
+	mu  sync.Mutex
+	pid uint32 // backend PID of the listening connection, 0 when none (tests)
 }
 
 func newListener(b *Backend) *listener {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &listener{b: b, ctx: ctx, cancel: cancel, done: make(chan struct{}), subs: map[string]map[chan struct{}]struct{}{}}
+	return &listener{b: b, ctx: ctx, cancel: cancel, done: make(chan struct{})}
 }
 
 // start runs the listening goroutine once; the caller holds b.mu.
@@ -101,49 +97,6 @@ func (l *listener) start() {
 func (l *listener) stop() {
 	l.cancel()
 	<-l.done
-}
-
-func (l *listener) add(key string, ch chan struct{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	set := l.subs[key]
-	if set == nil {
-		set = map[chan struct{}]struct{}{}
-		l.subs[key] = set
-	}
-	set[ch] = struct{}{}
-}
-
-func (l *listener) remove(key string, ch chan struct{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.subs[key], ch)
-	if len(l.subs[key]) == 0 {
-		delete(l.subs, key)
-	}
-}
-
-func signal(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default: // a wake-up is pending already
-	}
-}
-
-func (l *listener) wake(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for ch := range l.subs[key] {
-		signal(ch)
-	}
-}
-
-func (l *listener) wakeAllLocked() {
-	for _, set := range l.subs {
-		for ch := range set {
-			signal(ch)
-		}
-	}
 }
 
 const (
@@ -167,12 +120,8 @@ func (l *listener) run() {
 		failures++
 		l.b.log.Warn("sqllock/postgres: notification listener failed; reconnecting",
 			"table", l.b.table, "err", err, "retry_in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-l.ctx.Done():
-			t.Stop()
+		if wait.Sleep(l.ctx, delay) != nil {
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -203,19 +152,20 @@ func (l *listener) session() (listened bool, err error) {
 		return false, err
 	}
 	l.b.log.Debug("sqllock/postgres: listening", "table", l.b.table, "channel", channel, "pid", conn.PgConn().PID())
-	// One step: a watcher added from here on needs no wake-up (it is
-	// listened for), and one added before gets it.
+	// Listening from here on: a watcher added before gets a wake-up (it
+	// may have missed a release), one added after needs none (a spurious
+	// one, between LISTEN and this, costs it one attempt).
 	l.mu.Lock()
 	l.pid = conn.PgConn().PID()
-	l.wakeAllLocked()
 	l.mu.Unlock()
+	l.signals.SignalAll()
 	for {
 		n, err := conn.WaitForNotification(l.ctx)
 		if err != nil {
 			return true, err
 		}
 		if n.Channel == channel {
-			l.wake(n.Payload)
+			l.signals.Signal(n.Payload)
 		}
 	}
 }

@@ -108,14 +108,14 @@ func (b *Backend) checkPooler(ctx context.Context, c *pgxpool.Conn) error {
 	if b.poolerCheck.done.Load() {
 		return b.poolerCheck.err
 	}
-	b.poolerCheck.execMode = b.pooled.Config().ConnConfig.DefaultQueryExecMode
+	b.poolerCheck.execMode = b.pool.Config().ConnConfig.DefaultQueryExecMode
 	if b.poolerCheck.execMode != pgx.QueryExecModeCacheStatement && !b.notify {
 		b.poolerCheck.done.Store(true)
 		return nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, poolerProbeTimeout)
 	defer cancel()
-	found, err := probePooler(pctx, c.Conn().PgConn(), b.pooled)
+	found, err := probePooler(pctx, c.Conn().PgConn(), b.pool)
 	if err != nil {
 		b.poolerCheck.failures++
 		if b.poolerCheck.failures >= poolerProbeAttempts {

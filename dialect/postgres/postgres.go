@@ -137,35 +137,22 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// db is what the backend needs from the pool; *pgxpool.Pool and pgx.Tx
-// implement it, and tests wrap it.
-type db interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Backend is the PostgreSQL [sqllock.Backend] and [sqllock.Watcher]. It is
 // safe for concurrent use. Close it to stop its listener; it never closes the
 // pool.
 type Backend struct {
-	db   db
-	pool *pgxpool.Pool // for the listener's dedicated connection
-	// pooled is db when db is the pool, as always except in tests that run
-	// the Backend on a transaction: statements then take their connection
-	// from it themselves (see queryRow).
-	pooled *pgxpool.Pool
-	table  string // quoted, for messages
+	pool   *pgxpool.Pool // the application's; never closed here
+	table  string        // quoted, for messages
 	notify bool
 	log    *slog.Logger
 
 	// The statements, with the table filled in.
-	renewSQL, peekSQL, listSQL, fenceSQL, channelSQL string
-	// stmts are the statements that use migration 00003's "waited" column,
-	// or, once a statement met a table without it, their legacy forms
-	// (see useLegacy).
-	stmts          atomic.Pointer[markStatements]
-	legacy, marked *markStatements
+	renewSQL, peekSQL, fenceSQL, channelSQL string
+	// stmts are the statements that use the columns of migrations 00003
+	// ("waited") and 00004 ("value"), or, once a statement met a table
+	// without them, their forms without (see withStatements).
+	stmts                   atomic.Pointer[markStatements]
+	marked, noValue, legacy *markStatements
 
 	beforeRacePeek func() // tests: runs before releaseRaced reads the row
 
@@ -184,13 +171,14 @@ type Backend struct {
 	listener *listener // started by the first Watch
 }
 
-// markStatements are the statements that read or write "waited": acquire
-// is acquireSQL, acquireWait its waiting form, which marks a held row for
-// its release to notify (TryAcquire sends it while the key is watched), and
-// release is releaseSQL.
+// markStatements are the statements that read or write the columns added
+// after 00002: acquire is acquireSQL, acquireWait its waiting form, which
+// marks a held row for its release to notify (TryAcquire sends it while the
+// key is watched), release is releaseSQL and list listSQL. waited and value
+// tell which columns they use.
 type markStatements struct {
-	acquire, acquireWait, release string
-	legacy                        bool
+	acquire, acquireWait, release, list string
+	waited, value                       bool
 }
 
 var (
@@ -206,10 +194,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	if pool == nil {
 		return nil, errors.New("sqllock/postgres: nil pool")
 	}
-	return newBackend(pool, pool, opts)
-}
-
-func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	table := opts.Table
 	if table == "" {
 		table = DefaultTable
@@ -228,14 +212,10 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	b := &Backend{
-		db:     d,
 		pool:   pool,
 		table:  quoted,
 		notify: !opts.DisableNotify,
 		log:    logger,
-	}
-	if p, ok := d.(*pgxpool.Pool); ok {
-		b.pooled = p
 	}
 	releaseCommit := "set_config('synchronous_commit', 'off', true)"
 	if opts.DurableRelease {
@@ -254,28 +234,35 @@ func newBackend(d db, pool *pgxpool.Pool, opts Options) (*Backend, error) {
 		// literal (for ::regclass) it needs no escaping.
 		return strings.ReplaceAll(q, "{{table_literal}}", "'"+quoted+"'")
 	}
-	forms := func(legacy bool) *markStatements {
-		setWaited, waited := setWaitedSQL, waitedSQL
-		if legacy {
-			setWaited, waited = legacySetWaited, legacyWaited
+	forms := func(waited, value bool) *markStatements {
+		setWaited, waitedCol := setWaitedSQL, waitedSQL
+		if !waited {
+			setWaited, waitedCol = legacySetWaited, legacyWaited
 		}
-		acquire := strings.ReplaceAll(acquireSQL, "{{set_waited}}", setWaited)
+		valueParts := strings.NewReplacer("{{set_value}}", setValueSQL, "{{value_column}}", valueColumnSQL,
+			"{{value_arg}}", valueArgSQL, "{{holder_value}}", holderValueSQL, "{{list_value}}", listValueSQL)
+		if !value {
+			valueParts = strings.NewReplacer("{{set_value}}", "", "{{value_column}}", "",
+				"{{value_arg}}", "", "{{holder_value}}", noValueSQL, "{{list_value}}", noValueSQL)
+		}
+		acquire := valueParts.Replace(strings.ReplaceAll(acquireSQL, "{{set_waited}}", setWaited))
 		m := &markStatements{
 			acquire: fill(strings.NewReplacer("{{mark_cte}}", "", "{{changed}}", "false").Replace(acquire)),
-			release: fill(strings.ReplaceAll(releaseSQL, "{{waited}}", waited)),
-			legacy:  legacy,
+			release: fill(strings.ReplaceAll(releaseSQL, "{{waited}}", waitedCol)),
+			list:    fill(valueParts.Replace(listSQL)),
+			waited:  waited,
+			value:   value,
 		}
 		m.acquireWait = m.acquire
-		if b.notify && !legacy {
+		if b.notify && waited {
 			m.acquireWait = fill(strings.NewReplacer("{{mark_cte}}", markCTE, "{{changed}}", changedSQL).Replace(acquire))
 		}
 		return m
 	}
-	b.marked, b.legacy = forms(false), forms(true)
+	b.marked, b.noValue, b.legacy = forms(true, true), forms(true, false), forms(false, false)
 	b.stmts.Store(b.marked)
 	b.renewSQL = fill(renewSQL)
 	b.peekSQL = fill(peekSQL)
-	b.listSQL = fill(listSQL)
 	b.fenceSQL = fill(fenceSQL)
 	b.channelSQL = fill(channelSQL)
 	return b, nil
@@ -294,6 +281,14 @@ func (b *Backend) Close() error {
 		l.stop()
 	}
 	return nil
+}
+
+// nonEmpty is v, or nil when v holds no byte: no value is nil everywhere.
+func nonEmpty(v []byte) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return v
 }
 
 // micros is ttl in whole microseconds, rounded up.
@@ -345,13 +340,21 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		changed       bool
 	)
 	watched := b.watched(req.Key)
-	err := b.withStatements(func(st *markStatements) error {
+	var value []byte // the holder's, on refusal
+	err := b.withStatements(len(req.Value) > 0, func(st *markStatements) error {
 		q := st.acquire
 		if watched {
 			q = st.acquireWait
 		}
-		return b.queryRow(ctx, q, []any{req.Key, leaseMicros(req.TTL), req.Owner},
-			&granted, &token, &deadline, &held, &owner, &now, &changed)
+		args := []any{req.Key, leaseMicros(req.TTL), req.Owner}
+		if st.value {
+			var v []byte // nil: NULL
+			if len(req.Value) > 0 {
+				v = req.Value
+			}
+			args = append(args, v)
+		}
+		return b.queryRow(ctx, q, args, &granted, &token, &deadline, &held, &owner, &now, &changed, &value)
 	})
 	if err != nil {
 		return sqllock.Lease{}, b.translate(ctx, opAcquire, req.Key, err)
@@ -364,6 +367,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			Owner:       req.Owner,
 			Deadline:    deadline,
 			BackendTime: now,
+			Value:       nonEmpty(req.Value),
 		}, nil
 	case changed:
 		// Held in the snapshot, but the row changed (or was locked) before
@@ -371,7 +375,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		// a notification since it had no mark. Try again soon.
 		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key}
 	case held && deadline.After(now):
-		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key, Owner: owner, Token: token, Remaining: deadline.Sub(now)}
+		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key, Owner: owner, Token: token, Remaining: deadline.Sub(now), Value: nonEmpty(value)}
 	case token == math.MaxInt64:
 		return sqllock.Lease{}, fmt.Errorf("%w: %q reached token %d", sqllock.ErrTokenExhausted, req.Key, token)
 	default:
@@ -383,22 +387,36 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 }
 
 // withStatements runs send with the current statements. If the table lacks
-// migration 00003's "waited" column, the server refused the statement
-// before running it (undefined column), so it switches this Backend to the
-// legacy statements for good, logs it once, and sends again: they keep no
-// mark, and every release notifies, as before 00003. A Backend built after
-// the migration uses the marks.
-func (b *Backend) withStatements(send func(*markStatements) error) error {
-	st := b.stmts.Load()
-	err := send(st)
-	if st.legacy || !missingWaited(err) {
-		return err
+// a column they use, the server refused the statement before running it
+// (undefined column), so it switches this Backend for good to the forms
+// without that column, logs it once, and sends again: without migration
+// 00003's "waited" they keep no mark, and every release notifies, as before
+// 00003; without 00004's "value" no value is stored or read, and a request
+// that needs one (needValue) fails with [sqllock.ErrSchemaMissing] instead,
+// before anything is sent. A Backend built after the migrations uses them.
+func (b *Backend) withStatements(needValue bool, send func(*markStatements) error) error {
+	for {
+		st := b.stmts.Load()
+		if needValue && !st.value {
+			return fmt.Errorf("%w: table %s lacks the \"value\" column of migration 00004 (run `sqllock migrate up`, then rebuild the Backend)",
+				sqllock.ErrSchemaMissing, b.table)
+		}
+		err := send(st)
+		switch {
+		case st.waited && missingColumn(err, "waited"):
+			if b.stmts.CompareAndSwap(st, b.legacy) {
+				b.log.Warn("sqllock/postgres: the lock table lacks the \"waited\" column of migration 00003; "+
+					"every release notifies until this Backend is rebuilt after `sqllock migrate up`", "table", b.table)
+			}
+		case st.value && missingColumn(err, "value"):
+			if b.stmts.CompareAndSwap(st, b.noValue) {
+				b.log.Warn("sqllock/postgres: the lock table lacks the \"value\" column of migration 00004; "+
+					"acquires with a value fail until this Backend is rebuilt after `sqllock migrate up`", "table", b.table)
+			}
+		default:
+			return err
+		}
 	}
-	if b.stmts.CompareAndSwap(st, b.legacy) {
-		b.log.Warn("sqllock/postgres: the lock table lacks the \"waited\" column of migration 00003; "+
-			"every release notifies until this Backend is rebuilt after `sqllock migrate up`", "table", b.table)
-	}
-	return send(b.legacy)
 }
 
 // TryRenew implements [sqllock.Backend.TryRenew] in one statement. A miss is
@@ -485,7 +503,7 @@ func (b *Backend) release(ctx context.Context, l sqllock.Lease) error {
 		deadline, now         time.Time
 		owner                 string
 	)
-	err := b.withStatements(func(st *markStatements) error {
+	err := b.withStatements(false, func(st *markStatements) error {
 		return b.queryRow(ctx, st.release, []any{l.Key, l.Token, l.Owner},
 			&released, &valid, &current, &held, &deadline, &owner, &now, &notified)
 	})
@@ -561,32 +579,29 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 	}
 	var out []sqllock.LockInfo
 	list := func() error {
-		out = out[:0]
-		rows, err := b.db.Query(ctx, b.listSQL, prefix)
-		if err != nil {
-			return err
-		}
-		var i sqllock.LockInfo
-		var now time.Time
-		_, err = pgx.ForEachRow(rows, []any{&i.Key, &i.Token, &i.Owner, &i.Held, &i.Deadline, &now}, func() error {
-			i.Remaining = 0
-			if i.Held {
-				i.Remaining = i.Deadline.Sub(now)
+		return b.withStatements(false, func(st *markStatements) error {
+			out = out[:0]
+			rows, err := b.pool.Query(ctx, st.list, prefix)
+			if err != nil {
+				return err
 			}
-			out = append(out, i)
-			return nil
+			var i sqllock.LockInfo
+			var now time.Time
+			_, err = pgx.ForEachRow(rows, []any{&i.Key, &i.Token, &i.Owner, &i.Held, &i.Deadline, &now, &i.Value}, func() error {
+				i.Remaining = 0
+				if i.Held {
+					i.Remaining = i.Deadline.Sub(now)
+				}
+				i.Value = nonEmpty(i.Value)
+				out = append(out, i)
+				i.Value = nil // scanned fresh for the next row
+				return nil
+			})
+			return err
 		})
-		return err
 	}
-	var err error
-	if b.pooled != nil {
-		// A read-only statement too can fail with a serialization
-		// failure.
-		err = b.retryConflicts(ctx, list)
-	} else {
-		err = list()
-	}
-	if err != nil {
+	// A read-only statement too can fail with a serialization failure.
+	if err := b.retryConflicts(ctx, list); err != nil {
 		return nil, b.translate(ctx, opList, prefix, err)
 	}
 	return out, nil

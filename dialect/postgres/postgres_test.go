@@ -241,8 +241,8 @@ func TestFailedAcquireWritesNothing(t *testing.T) {
 	upsert := fmt.Sprintf(rawAcquireSQL, b.table) // as in the benchmarks
 	args := []any{"hot", int64(60_000_000), "waiter"}
 
-	// No transaction id, inside an explicit transaction: the Backend runs
-	// on the transaction through its db interface.
+	// No transaction id, inside an explicit transaction: the Backend's
+	// acquire statement runs on it (see tx_test.go).
 	xidAfter := func(run func(tx pgx.Tx)) *int64 {
 		tx, err := bundle.db.Pool.Begin(ctx)
 		require.NoError(t, err)
@@ -253,11 +253,10 @@ func TestFailedAcquireWritesNothing(t *testing.T) {
 		return xid
 	}
 	xid := xidAfter(func(tx pgx.Tx) {
-		inTx, err := newBackend(tx, bundle.db.Pool, Options{})
-		require.NoError(t, err)
 		for i := range 10 {
-			_, err := inTx.TryAcquire(ctx, sqllock.AcquireRequest{Key: "hot", TTL: time.Minute, Owner: fmt.Sprint("w", i)})
-			require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+			r := txAcquire(t, tx, b.marked.acquire, sqllock.AcquireRequest{Key: "hot", TTL: time.Minute, Owner: fmt.Sprint("w", i)})
+			require.False(t, r.granted)
+			require.Equal(t, "holder", r.owner)
 		}
 	})
 	require.Nil(t, xid, "a refused TryAcquire assigned a transaction id")
@@ -271,10 +270,10 @@ func TestFailedAcquireWritesNothing(t *testing.T) {
 	require.NotNil(t, xid, "control: a refused upsert should assign a transaction id")
 
 	walOf := func(sql string, args ...any) (records, bytes int64) { return planWAL(t, b, sql, args...) }
-	records, bytes := walOf(b.marked.acquire, args...)
+	records, bytes := walOf(b.marked.acquire, append(args, nil)...)
 	require.Zero(t, records, "a refused TryAcquire wrote WAL (%d bytes)", bytes)
 	// Control: the count sees the statement's CTEs (a grant writes).
-	records, _ = walOf(b.marked.acquire, "free", int64(60_000_000), "w")
+	records, _ = walOf(b.marked.acquire, "free", int64(60_000_000), "w", nil)
 	require.Positive(t, records, "control: a granting TryAcquire should write WAL")
 	records, bytes = walOf(upsert, args...)
 	require.Positive(t, records, "control: a refused upsert should write WAL (a row lock)")
@@ -345,7 +344,7 @@ func TestRefusedAcquireWALWhileRenewed(t *testing.T) {
 		var err error
 		l, err = b.TryRenew(ctx, l, time.Hour)
 		require.NoError(t, err)
-		r, by := planWAL(t, b, b.marked.acquire, "hot", int64(60_000_000), "waiter")
+		r, by := planWAL(t, b, b.marked.acquire, "hot", int64(60_000_000), "waiter", nil)
 		records += r
 		bytes += by
 		if r > 0 {
@@ -385,13 +384,16 @@ func TestReleaseCommitsAsynchronously(t *testing.T) {
 		defer tx.Rollback(ctx)
 		_, err = tx.Exec(ctx, "SET LOCAL synchronous_commit = on")
 		require.NoError(t, err)
-		b, err := newBackend(tx, bundle.db.Pool, opts)
+		b, err := New(bundle.db.Pool, opts)
 		require.NoError(t, err)
-		l := acquireOK(t, b, "k", "o1", time.Minute)
-		_, err = b.TryRenew(ctx, l, time.Minute)
-		require.NoError(t, err)
+		req := sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o1"}
+		r := txAcquire(t, tx, b.marked.acquire, req)
+		require.True(t, r.granted)
+		l := sqllock.Lease{Key: "k", Token: r.token, Owner: "o1"}
+		renewed, _ := txRenew(t, tx, b, l, time.Minute)
+		require.True(t, renewed)
 		require.Equal(t, "on", setting(tx), "acquire and renew must commit synchronously")
-		require.NoError(t, b.Release(ctx, l))
+		require.True(t, txRelease(t, tx, b, l))
 		if opts.DurableRelease {
 			require.Equal(t, "on", setting(tx), "DurableRelease must commit synchronously")
 		} else {

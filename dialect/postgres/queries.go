@@ -115,15 +115,15 @@ WITH now AS MATERIALIZED (
         deadline = CASE WHEN l.held AND l.deadline > n.now
                         THEN greatest(l.deadline, n.now + $2::bigint * interval '1 microsecond')
                         ELSE n.now + $2::bigint * interval '1 microsecond' END,
-        owner = $3{{set_waited}}
+        owner = $3{{set_waited}}{{set_value}}
     FROM now AS n
     WHERE l.key = $1
       AND ((l.held AND l.deadline > n.now AND l.owner = $3)
            OR ((NOT l.held OR l.deadline <= n.now) AND l.token < 9223372036854775807))
     RETURNING l.token, l.deadline, n.now
 ), ins AS (
-    INSERT INTO {{table}} AS l (key, token, held, deadline, owner)
-    SELECT $1, 1, true, n.now + $2::bigint * interval '1 microsecond', $3
+    INSERT INTO {{table}} AS l (key, token, held, deadline, owner{{value_column}})
+    SELECT $1, 1, true, n.now + $2::bigint * interval '1 microsecond', $3{{value_arg}}
     FROM now AS n
     WHERE NOT EXISTS (SELECT FROM upd) AND NOT EXISTS (SELECT FROM {{table}} WHERE key = $1)
     ON CONFLICT (key) DO UPDATE
@@ -132,14 +132,15 @@ WITH now AS MATERIALIZED (
       AND l.deadline > excluded.deadline - $2::bigint * interval '1 microsecond'
     RETURNING l.token, l.deadline
 ){{mark_cte}}
-SELECT true AS granted, u.token, u.deadline, true AS held, ''::text AS owner, u.now, false AS changed
+SELECT true AS granted, u.token, u.deadline, true AS held, ''::text AS owner, u.now, false AS changed,
+       NULL::bytea AS value
 FROM upd AS u
 UNION ALL
-SELECT true, i.token, i.deadline, true, '', n.now, false
+SELECT true, i.token, i.deadline, true, '', n.now, false, NULL
 FROM ins AS i, now AS n
 UNION ALL
 SELECT false, coalesce(c.token, 0), coalesce(c.deadline, n.now), coalesce(c.held, false),
-       coalesce(c.owner, ''), n.now, {{changed}}
+       coalesce(c.owner, ''), n.now, {{changed}}, {{holder_value}}
 FROM now AS n LEFT JOIN {{table}} AS c ON c.key = $1
 WHERE NOT EXISTS (SELECT FROM upd) AND NOT EXISTS (SELECT FROM ins)`
 
@@ -170,6 +171,25 @@ const (
 	waitedSQL       = `l.waited`
 	legacySetWaited = ``
 	legacyWaited    = `true`
+)
+
+// The value of a lease (migration 00004's "value" column, bytea, NULL for
+// none) fills acquireSQL's {{set_value}}, {{value_column}}, {{value_arg}}
+// and {{holder_value}}, and listSQL's {{list_value}}: every grant sets it
+// from $4 (a same-owner repeat sets the same bytes again), a refusal returns
+// the holder's, and renewals and releases leave it. A granted row returns
+// NULL: the caller has the value it sent. On a table without the column
+// (not yet migrated), the Backend uses the forms without it (noValueSQL), as
+// it does for "waited", and refuses a request that carries a value with
+// sqllock.ErrSchemaMissing (see Backend.withStatements).
+const (
+	setValueSQL = `,
+        value = $4::bytea`
+	valueColumnSQL = `, value`
+	valueArgSQL    = `, $4::bytea`
+	holderValueSQL = `c.value`
+	listValueSQL   = `l.value`
+	noValueSQL     = `NULL::bytea`
 )
 
 // renewSQL extends lease ($1, $2) to now + $3 microseconds iff it is held
@@ -268,7 +288,8 @@ SELECT token, held, deadline, owner, clock_timestamp() FROM {{table}} WHERE key 
 // listSQL lists the keys that start with $1 (compared as text, so "%" and
 // "_" are literal), in byte order (COLLATE "C", the order of Go strings).
 const listSQL = `
-SELECT l.key, l.token, l.owner, l.held AND l.deadline > n.now AS live, l.deadline, n.now
+SELECT l.key, l.token, l.owner, l.held AND l.deadline > n.now AS live, l.deadline, n.now,
+       {{list_value}} AS value
 FROM {{table}} AS l, (SELECT clock_timestamp() AS now) AS n
 WHERE left(l.key, length($1)) = $1
 ORDER BY l.key COLLATE "C"`

@@ -175,18 +175,6 @@ END $$`)
 	require.NotErrorIs(t, err, sqllock.ErrIndeterminate)
 	require.True(t, listOne(t, b, "k").Held, "a failed release applied")
 
-	// On a transaction the Backend does not resend: the error aborted it.
-	tx, err := bundle.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	inTx, err := newBackend(tx, bundle.db.Pool, Options{})
-	require.NoError(t, err)
-	before := b.conflictRetries.Load()
-	err = inTx.Release(ctx, l)
-	requireSentinel(t, err, sqllock.ErrUnavailable, "transaction conflict (a deadlock)")
-	require.Zero(t, inTx.conflictRetries.Load())
-	require.Equal(t, before, b.conflictRetries.Load())
-
 	_, err = bundle.db.Pool.Exec(ctx, "DROP TRIGGER fail_with ON "+b.table)
 	require.NoError(t, err)
 	require.NoError(t, b.Release(ctx, l))

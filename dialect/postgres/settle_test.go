@@ -130,14 +130,12 @@ func TestDeadlineNeverMovesBack(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 
 	// R2, inside the transaction, renews later and commits first.
-	inTx, err := newBackend(tx, bundle.db.Pool, Options{})
-	require.NoError(t, err)
-	l2, err := inTx.TryRenew(ctx, l, time.Minute)
-	require.NoError(t, err)
+	renewed, l2Deadline := txRenew(t, tx, b, l, time.Minute)
+	require.True(t, renewed)
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-r1)
 
 	var deadline time.Time
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT deadline FROM "+b.table+" WHERE key = 'k'").Scan(&deadline))
-	require.False(t, deadline.Before(l2.Deadline), "the deadline moved back from %v to %v", l2.Deadline, deadline)
+	require.False(t, deadline.Before(l2Deadline), "the deadline moved back from %v to %v", l2Deadline, deadline)
 }

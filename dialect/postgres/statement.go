@@ -5,8 +5,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // conflictAttempts bounds how many times a statement is sent while it keeps
@@ -16,8 +16,8 @@ const conflictAttempts = 10
 // queryRow sends sql with args, one statement in one round trip, and scans
 // its one row into dest.
 //
-// On the pool (the Backend's db is the application's *pgxpool.Pool, so the
-// statement runs in an implicit transaction of its own) it also:
+// The statement runs on the application's pool, in an implicit transaction
+// of its own; queryRow also:
 //
 //   - checks, with the first statement, whether a pooler in transaction
 //     mode stands between the pool and the server while the pool's
@@ -41,16 +41,9 @@ const conflictAttempts = 10
 //     transaction's first query, so that would take BEGIN ISOLATION LEVEL
 //     READ COMMITTED and COMMIT around it, three statements instead of one
 //     on every call, to spare a resend on the rare conflict.)
-//
-// On a transaction (tests run the Backend on a pgx.Tx) it does neither: an
-// error there aborted the caller's transaction, and the connection is not
-// the Backend's.
 func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...any) error {
-	if b.pooled == nil {
-		return b.db.QueryRow(ctx, sql, args...).Scan(dest...)
-	}
 	return b.retryConflicts(ctx, func() error {
-		c, err := b.pooled.Acquire(ctx)
+		c, err := b.pool.Acquire(ctx)
 		if err != nil {
 			// Nothing was sent: waiting for a connection (or dialing one)
 			// failed, so the outcome is known, not indeterminate.
@@ -87,12 +80,8 @@ func (b *Backend) retryConflicts(ctx context.Context, send func() error) error {
 		if attempt == conflictAttempts {
 			return &conflictError{attempts: attempt, err: err}
 		}
-		t := time.NewTimer(conflictBackoff(attempt))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if wait.Sleep(ctx, conflictBackoff(attempt)) != nil {
 			return &conflictError{attempts: attempt, err: err, ctxErr: ctx.Err()}
-		case <-t.C:
 		}
 		b.conflictRetries.Add(1)
 	}
@@ -117,24 +106,6 @@ func discard(ctx context.Context, conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	_ = conn.Close(ctx)
-}
-
-// pooledConn returns a connection from the pool when the Backend runs on
-// one, for a transaction whose connection must be discarded if the server
-// condemns the session; nil otherwise.
-func (b *Backend) pooledConn(ctx context.Context) (*pgxpool.Conn, error) {
-	if b.pooled == nil {
-		return nil, nil
-	}
-	c, err := b.pooled.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := b.checkPooler(ctx, c); err != nil {
-		c.Release()
-		return nil, err
-	}
-	return c, nil
 }
 
 // notSentError marks an error that happened before the statement was sent

@@ -40,17 +40,13 @@ func TestWaiterMarksOncePerTenure(t *testing.T) {
 		tx, err := bundle.db.Pool.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx)
-		inTx, err := newBackend(tx, bundle.db.Pool, Options{})
-		require.NoError(t, err)
-		defer inTx.Close()
-		_, stop := inTx.Watch("hot")
-		defer stop()
 		for range n {
-			_, err := inTx.TryAcquire(ctx, sqllock.AcquireRequest{Key: "hot", TTL: time.Minute, Owner: "waiter"})
-			var he *sqllock.HeldError
-			require.ErrorAs(t, err, &he)
-			require.Equal(t, holder, he.Owner)
-			require.Positive(t, he.Remaining)
+			// What TryAcquire sends while the key is watched.
+			r := txAcquire(t, tx, b.marked.acquireWait, sqllock.AcquireRequest{Key: "hot", TTL: time.Minute, Owner: "waiter"})
+			require.False(t, r.granted)
+			require.False(t, r.changed)
+			require.Equal(t, holder, r.owner)
+			require.True(t, r.held && r.deadline.After(r.now), "refused for a live lease")
 		}
 		require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id_if_assigned()::text::bigint, current_setting('synchronous_commit')").Scan(&xid, &syncCommit))
 		require.NoError(t, tx.Commit(ctx))
@@ -64,7 +60,7 @@ func TestWaiterMarksOncePerTenure(t *testing.T) {
 	require.True(t, waitedOf(t, b, "hot"))
 	xid, _ = attempts(10, "holder")
 	require.Nil(t, xid, "a watched attempt on a marked lease wrote")
-	walRecords, _ := planWAL(t, b, b.marked.acquireWait, "hot", int64(60_000_000), "waiter")
+	walRecords, _ := planWAL(t, b, b.marked.acquireWait, "hot", int64(60_000_000), "waiter", nil)
 	require.Zero(t, walRecords, "a watched attempt on a marked lease wrote WAL")
 
 	// A repeat of the holder's own acquire keeps the tenure and its mark.
@@ -133,9 +129,7 @@ func TestMarkNeverWaitsOnRowLock(t *testing.T) {
 	tx, err := bundle.db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	inTx, err := newBackend(tx, bundle.db.Pool, Options{})
-	require.NoError(t, err)
-	require.NoError(t, inTx.Release(ctx, l2))
+	require.True(t, txRelease(t, tx, b, l2))
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, err = b.TryAcquire(actx, sqllock.AcquireRequest{Key: "k2", TTL: time.Minute, Owner: "waiter"})
@@ -213,7 +207,7 @@ func TestUpgradeFromVersion2(t *testing.T) {
 	var he *sqllock.HeldError
 	require.ErrorAs(t, err, &he)
 	require.Equal(t, "old-d", he.Owner)
-	require.True(t, old.stmts.Load().legacy, "the Backend fell back to its legacy statements")
+	require.True(t, !old.stmts.Load().waited, "the Backend fell back to its legacy statements")
 	// Legacy: a release notifies, though nobody could mark it.
 	require.NoError(t, old.Release(ctx, sqllock.Lease{Key: "d", Token: 4, Owner: "old-d"}))
 	wakeWithin(t, ch, 10*time.Second, "a legacy release")
@@ -232,7 +226,7 @@ func TestUpgradeFromVersion2(t *testing.T) {
 	require.Equal(t, "old-a", he.Owner)
 	require.EqualValues(t, 7, he.Token)
 	require.Positive(t, he.Remaining)
-	require.False(t, b.stmts.Load().legacy)
+	require.True(t, b.stmts.Load().waited)
 
 	// A waiter marks the upgraded lease, and its release notifies.
 	ch, stop = b.Watch("a")

@@ -114,6 +114,10 @@ func (b *Backend) translate(err error, write bool) error {
 	switch {
 	case c == sqlite3.SQLITE_ERROR && strings.Contains(err.Error(), "no such table"):
 		return fmt.Errorf("%w: table %q: %w", sqllock.ErrSchemaMissing, b.table, err)
+	case c == sqlite3.SQLITE_ERROR && (strings.Contains(err.Error(), "no such column") || strings.Contains(err.Error(), "has no column named")):
+		// A table from before a migration this code needs (00003's value):
+		// Open applies them; with New, run `sqllock migrate up`.
+		return fmt.Errorf("%w: table %q lacks a column of a newer migration (run `sqllock migrate up`): %w", sqllock.ErrSchemaMissing, b.table, err)
 	case c == sqlite3.SQLITE_IOERR && write:
 		// A failed fsync at commit may leave a complete commit record in
 		// the WAL, which recovery would apply: the outcome is unknown.

@@ -27,7 +27,8 @@ const maxToken = `9223372036854775807`
 // Like any write statement they take SQLite's write lock for their
 // duration, which is microseconds when nothing is written.
 const (
-	// acquireSQL: ?1 key, ?2 ttl in ms (rounded up), ?3 owner.
+	// acquireSQL: ?1 key, ?2 ttl in ms (rounded up), ?3 owner, ?4 value
+	// (NULL for none; migration 00003's column).
 	//
 	// A grant happens iff the key is free (no row, released, or deadline <=
 	// now) and its token is below the largest int64, or the key is held,
@@ -45,14 +46,15 @@ const (
 	// would lower a token, sees the upsert's VALUES too, so they must not be
 	// lower than the row the DO UPDATE then changes.
 	acquireSQL = `
-INSERT INTO {{table}} (key, token, held, deadline, owner)
-VALUES (?1, coalesce((SELECT token FROM {{table}} WHERE key = ?1), 1), 1, {{now}} + ?2, ?3)
+INSERT INTO {{table}} (key, token, held, deadline, owner, value)
+VALUES (?1, coalesce((SELECT token FROM {{table}} WHERE key = ?1), 1), 1, {{now}} + ?2, ?3, ?4)
 ON CONFLICT (key) DO UPDATE SET
 	token    = token + ((NOT held OR deadline <= {{now}}) AND token < ` + maxToken + `),
 	held     = CASE WHEN {{grant}} THEN 1 ELSE held END,
 	deadline = CASE WHEN {{grant}} THEN excluded.deadline ELSE deadline END,
-	owner    = CASE WHEN {{grant}} THEN excluded.owner ELSE owner END
-RETURNING token, held, deadline, owner, {{now}}`
+	owner    = CASE WHEN {{grant}} THEN excluded.owner ELSE owner END,
+	value    = CASE WHEN {{grant}} THEN excluded.value ELSE value END
+RETURNING token, held, deadline, owner, value, {{now}}`
 
 	// grantSQL is the DO UPDATE grant condition over the existing row.
 	grantSQL = `(((NOT held OR deadline <= {{now}}) AND token < ` + maxToken + `)` +
@@ -92,13 +94,13 @@ RETURNING deadline, {{now}}`
 	// prefix, and it is an index range on the primary key. No LIKE, so no
 	// wildcard can hide in a prefix.
 	listSQL = `
-SELECT key, token, owner, held AND deadline > {{now}}, deadline, {{now}}
+SELECT key, token, owner, held AND deadline > {{now}}, deadline, {{now}}, value
 FROM {{table}} WHERE key >= ?1 AND key < ?2 ORDER BY key`
 
 	// listFromSQL: ?1 prefix, when no string bounds it from above (the
 	// empty prefix).
 	listFromSQL = `
-SELECT key, token, owner, held AND deadline > {{now}}, deadline, {{now}}
+SELECT key, token, owner, held AND deadline > {{now}}, deadline, {{now}}, value
 FROM {{table}} WHERE key >= ?1 ORDER BY key`
 
 	// expireSQL (tests): the lease's deadline becomes now; token and held

@@ -423,10 +423,15 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		token, deadline, now int64
 		held                 bool
 		owner                string
+		value                []byte
 	)
+	var arg any // NULL for no value
+	if len(req.Value) > 0 {
+		arg = req.Value
+	}
 	err := b.write(ctx, func(ctx context.Context) error {
-		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, leaseMillis(req.TTL), req.Owner},
-			&token, &held, &deadline, &owner, &now)
+		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, leaseMillis(req.TTL), req.Owner, arg},
+			&token, &held, &deadline, &owner, &value, &now)
 		return err
 	})
 	if err != nil {
@@ -440,11 +445,13 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			Owner:       owner,
 			Deadline:    time.UnixMilli(deadline),
 			BackendTime: time.UnixMilli(now),
+			Value:       nonEmpty(value),
 		}, nil
 	case held && deadline > now:
 		return sqllock.Lease{}, &sqllock.HeldError{
 			Key: req.Key, Owner: owner, Token: token,
 			Remaining: remaining(deadline, now),
+			Value:     nonEmpty(value),
 		}
 	case token == math.MaxInt64:
 		return sqllock.Lease{}, fmt.Errorf("%w: key %q", sqllock.ErrTokenExhausted, req.Key)
@@ -452,6 +459,14 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		return sqllock.Lease{}, fmt.Errorf("sqllock/sqlite: TryAcquire %q: unexpected row (token %d, held %v, deadline %d, now %d)",
 			req.Key, token, held, deadline, now)
 	}
+}
+
+// nonEmpty is v, or nil when v holds no byte: no value is nil everywhere.
+func nonEmpty(v []byte) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return v
 }
 
 // TryRenew implements [sqllock.Backend] with one statement (renewSQL).
@@ -576,9 +591,10 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 				i             sqllock.LockInfo
 				deadline, now int64
 			)
-			if err := rows.Scan(&i.Key, &i.Token, &i.Owner, &i.Held, &deadline, &now); err != nil {
+			if err := rows.Scan(&i.Key, &i.Token, &i.Owner, &i.Held, &deadline, &now, &i.Value); err != nil {
 				return err
 			}
+			i.Value = nonEmpty(i.Value)
 			i.Deadline = time.UnixMilli(deadline)
 			if i.Held {
 				i.Remaining = remaining(deadline, now)

@@ -257,6 +257,62 @@ func TestSchemaMissing(t *testing.T) {
 	require.Equal(t, int64(1), l.Token)
 }
 
+// TestUpgradeToValueKeepsLeases: a database at migration 00002 (before the
+// value column) with a lease held by a process of the previous release is
+// upgraded while the lease is held; this code refuses to run on the old
+// table (ErrSchemaMissing, naming the fix, nothing written), and after
+// `migrate up` the held lease keeps its token and deadline, renews, and is
+// followed by the next token, now with a value.
+func TestUpgradeToValueKeepsLeases(t *testing.T) {
+	t.Parallel()
+	name, err := DSN(filepath.Join(t.TempDir(), "u.db"), Options{})
+	require.NoError(t, err)
+	db, err := sql.Open("sqlite", name)
+	require.NoError(t, err)
+	defer db.Close()
+	ctx := testCtx(t)
+	p, err := migrations.NewProvider(migrations.SQLite, db, migrations.Options{})
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, 2)
+	require.NoError(t, err)
+	// The previous release's acquire, as it wrote the row.
+	_, err = db.ExecContext(ctx, `INSERT INTO sqllock_locks (key, token, held, deadline, owner)
+		VALUES ('k', 5, 1, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + 60000, 'old')`)
+	require.NoError(t, err)
+
+	b, err := New(db, Options{})
+	require.NoError(t, err)
+	defer b.Close()
+	_, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k2", TTL: time.Second, Owner: "o", Value: []byte("v")})
+	require.ErrorIs(t, err, sqllock.ErrSchemaMissing)
+	require.Contains(t, err.Error(), "sqllock migrate up")
+	var n int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM sqllock_locks`).Scan(&n))
+	require.Equal(t, 1, n, "the refused acquire wrote nothing")
+
+	require.NoError(t, migrations.Up(ctx, migrations.SQLite, db, migrations.Options{}))
+	infos, err := b.List(ctx, "k")
+	require.NoError(t, err)
+	require.Len(t, infos, 1)
+	require.True(t, infos[0].Held)
+	require.Equal(t, int64(5), infos[0].Token)
+	require.Equal(t, "old", infos[0].Owner)
+	require.Nil(t, infos[0].Value)
+	var he *sqllock.HeldError
+	_, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: time.Second, Owner: "new"})
+	require.ErrorAs(t, err, &he)
+	require.Equal(t, int64(5), he.Token)
+	old := sqllock.Lease{Key: "k", Token: 5, Owner: "old"}
+	r, err := b.TryRenew(ctx, old, time.Minute)
+	require.NoError(t, err, "the lease held across the upgrade renews")
+	require.True(t, r.Deadline.After(infos[0].Deadline) || r.Deadline.Equal(infos[0].Deadline))
+	require.NoError(t, b.Release(ctx, old))
+	l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: time.Second, Owner: "new", Value: []byte("10.0.0.7:8080")})
+	require.NoError(t, err)
+	require.Equal(t, int64(6), l.Token)
+	require.Equal(t, []byte("10.0.0.7:8080"), l.Value)
+}
+
 // TestOpenTwice: a second Open of a migrated file (another process, a
 // restart) finds the schema applied and the token history intact.
 func TestOpenTwice(t *testing.T) {

@@ -46,6 +46,7 @@ func Run(t *testing.T, h Harness) {
 		{"BadInputRefusedWithoutTrace", testBadInput},
 		{"AcceptedEdgeInputs", testEdgeInputs},
 		{"WatchSignalsRelease", testWatch},
+		{"ValueTravelsWithTheLease", testValue},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -576,6 +577,10 @@ func BadInputs() []BadInput {
 		{"ReleaseOwnerNUL", relBy("k", 1, "o\x00"), sqllock.ErrInvalidOwner},
 		{"ReleaseOwnerInvalidUTF8", relBy("k", 1, "\xfe"), sqllock.ErrInvalidOwner},
 		{"ReleaseOwnerTooLong", relBy("k", 1, strings.Repeat("o", sqllock.MaxOwnerLen+1)), sqllock.ErrInvalidOwner},
+		{"AcquireValueTooLong", func(ctx context.Context, b sqllock.Backend) error {
+			_, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: ttl, Owner: "o", Value: make([]byte, sqllock.MaxValueLen+1)})
+			return err
+		}, sqllock.ErrInvalidValue},
 		{"ListPrefixNUL", list("a\x00"), sqllock.ErrInvalidKey},
 		{"ListPrefixInvalidUTF8", list("\xff"), sqllock.ErrInvalidKey},
 		{"ListPrefixTooLong", list(long), sqllock.ErrInvalidKey},
@@ -707,3 +712,72 @@ func drain(ch <-chan struct{}) {
 	default:
 	}
 }
+
+// testValue: a lease's value is stored at the grant and comes back, byte for
+// byte, from TryAcquire, a same-owner retry, TryRenew, List and a refused
+// acquire's HeldError; the next grant replaces it (no value: nil), and it
+// may hold any bytes up to MaxValueLen.
+func testValue(t *testing.T, h Harness) {
+	b := h.New(t)
+	all := make([]byte, 256)
+	for i := range all {
+		all[i] = byte(i) // NUL, invalid UTF-8, quotes: opaque bytes
+	}
+	big := make([]byte, sqllock.MaxValueLen)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	for _, v := range [][]byte{[]byte("10.0.0.7:8080"), all, big} {
+		req := sqllock.AcquireRequest{Key: "v", TTL: ttl, Owner: "o1", Value: v}
+		l, err := b.TryAcquire(ctx(t), req)
+		if err != nil {
+			t.Fatalf("TryAcquire with a %d-byte value: %v", len(v), err)
+		}
+		if !bytesEqual(l.Value, v) {
+			t.Fatalf("TryAcquire returned value %q, want %q", l.Value, v)
+		}
+		again, err := b.TryAcquire(ctx(t), req)
+		if err != nil || again.Token != l.Token || !bytesEqual(again.Value, v) {
+			t.Fatalf("same-owner retry = %+v, %v; want token %d with the value", again, err, l.Token)
+		}
+		r, err := b.TryRenew(ctx(t), l, ttl)
+		if err != nil || !bytesEqual(r.Value, v) {
+			t.Fatalf("TryRenew = value %q, %v; want the value unchanged", r.Value, err)
+		}
+		i, ok := info(t, b, "v")
+		if !ok || !i.Held || !bytesEqual(i.Value, v) {
+			t.Fatalf("List = %+v; want v held with the value", i)
+		}
+		he := held(t, b, "v", "o2")
+		if he.Owner != "" && !bytesEqual(he.Value, v) {
+			t.Fatalf("HeldError.Value = %q, want the holder's %q", he.Value, v)
+		}
+		if he.Owner == "" {
+			t.Fatalf("HeldError %+v names no holder for a held, settled key", he)
+		}
+		release(t, b, l)
+		if i, _ := info(t, b, "v"); !bytesEqual(i.Value, v) {
+			t.Errorf("after release List.Value = %q, want the last grant's %q", i.Value, v)
+		}
+	}
+	// A grant without a value clears the previous one.
+	l := acquire(t, b, "v", "o3")
+	if len(l.Value) != 0 {
+		t.Errorf("grant without a value returned %q", l.Value)
+	}
+	if i, _ := info(t, b, "v"); len(i.Value) != 0 {
+		t.Errorf("grant without a value: List.Value = %q, want none", i.Value)
+	}
+	if he := held(t, b, "v", "o4"); len(he.Value) != 0 {
+		t.Errorf("grant without a value: HeldError.Value = %q, want none", he.Value)
+	}
+	release(t, b, l)
+	// An empty, non-nil value is no value.
+	l, err := b.TryAcquire(ctx(t), sqllock.AcquireRequest{Key: "v", TTL: ttl, Owner: "o5", Value: []byte{}})
+	if err != nil || len(l.Value) != 0 {
+		t.Fatalf("empty value: %+v, %v", l, err)
+	}
+	release(t, b, l)
+}
+
+func bytesEqual(a, b []byte) bool { return string(a) == string(b) }

@@ -94,7 +94,9 @@ func commands() []command {
 	return []command{
 		{"migrate", "create, inspect or drop the lock table (up, down, status, sql)", cmdMigrate},
 		{"run", "run a command while holding a lock; stop it if the lock is lost", cmdRun},
-		{"list", "list locks: key, held, owner, fencing token, time left", cmdList},
+		{"elect", "run a command while this process leads an election; campaign again after a loss", cmdElect},
+		{"leader", "print the current leader of an election (exit 75: no leader)", cmdLeader},
+		{"list", "list locks: key, held, owner, fencing token, time left, value", cmdList},
 		{"release", "end a lease by key, whoever holds it (needs --force)", cmdRelease},
 		{"bench", "load-test the lock table of a database (like pgbench, for locks)", cmdBench},
 	}
@@ -127,14 +129,16 @@ Exit statuses (all commands):
   69   the database cannot be reached (waiting may heal it)
   75   run: not acquired (held by another; --wait elapsed), or the lease
        was lost before the command started; it was not started
+       leader: no one leads the election
        release: a newer holder appeared in between; nothing released
   76   run: the lease was lost while the command ran; it was stopped
   78   configuration error: unknown URL scheme, bad URL, lock table
        missing, SQLite file read-only, not a database or in a missing
        directory
-  126  run: the command could not be started
-  127  run: the command was not found
-  128+N  run: the command died by signal N, or sqllock was interrupted by it
+  126  run, elect: the command could not be started
+  127  run, elect: the command was not found
+  128+N  run, elect: the command died by signal N, or sqllock was
+       interrupted by it
 
 Run "sqllock <command> --help" for a command's flags and an example.
 

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -18,11 +20,15 @@ Usage: sqllock list [--prefix P] [--json] [--watch] [flags]
 
 Lists the keys of the lock table (those starting with --prefix), released
 and expired ones included: key, whether it is held, the owner of the latest
-lease, the latest fencing token, and the time left on the lease by the
-database clock.
+lease, the latest fencing token, the time left on the lease by the
+database clock, and the value the latest holder published with its lease
+(an election leader's address, say; "-" for none; shown quoted and cut to
+48 characters in the table).
 
 --json prints an array of objects with the fields
-  key, held, owner, token, deadline (RFC 3339, database clock), remaining_ms
+  key, held, owner, token, deadline (RFC 3339, database clock), remaining_ms,
+  value (the value as text when it is valid UTF-8, else null) and
+  value_base64 (its bytes; both absent when there is none)
 
 --watch lists again every second until interrupted (Ctrl-C, exit 0): to
 watch a deploy lock while waiting for it. On a terminal the screen is
@@ -43,7 +49,24 @@ type lockJSON struct {
 	Token       int64     `json:"token"`
 	Deadline    time.Time `json:"deadline"`
 	RemainingMS int64     `json:"remaining_ms"`
+	Value       *string   `json:"value,omitempty"`
+	ValueBase64 []byte    `json:"value_base64,omitempty"` // encoding/json writes []byte as base64
 }
+
+// valueText is how the table shows a value: "-" for none, else quoted
+// (escaping what a terminal should not print) and cut to maxValueWidth.
+func valueText(v []byte) string {
+	if len(v) == 0 {
+		return "-"
+	}
+	q := strconv.Quote(string(v))
+	if r := []rune(q); len(r) > maxValueWidth {
+		q = string(r[:maxValueWidth-1]) + "…"
+	}
+	return q
+}
+
+const maxValueWidth = 48
 
 func cmdList(ctx context.Context, e *env, args []string) error {
 	var (
@@ -120,8 +143,16 @@ func (e *env) listOnce(ctx context.Context, d *database, b *backend, db dbFlags,
 	if asJSON {
 		out := make([]lockJSON, 0, len(infos))
 		for _, in := range infos {
-			out = append(out, lockJSON{Key: in.Key, Held: in.Held, Owner: in.Owner, Token: in.Token,
-				Deadline: in.Deadline.UTC(), RemainingMS: in.Remaining.Milliseconds()})
+			j := lockJSON{Key: in.Key, Held: in.Held, Owner: in.Owner, Token: in.Token,
+				Deadline: in.Deadline.UTC(), RemainingMS: in.Remaining.Milliseconds()}
+			if len(in.Value) > 0 {
+				j.ValueBase64 = in.Value
+				if utf8.Valid(in.Value) {
+					s := string(in.Value)
+					j.Value = &s
+				}
+			}
+			out = append(out, j)
 		}
 		enc := json.NewEncoder(e.stdout)
 		if !watching {
@@ -133,13 +164,13 @@ func (e *env) listOnce(ctx context.Context, d *database, b *backend, db dbFlags,
 		fmt.Fprintf(e.stdout, "%s  %s (every %v; Ctrl-C to stop)\n", time.Now().Format(time.TimeOnly), d.display, watchInterval)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tHELD\tOWNER\tTOKEN\tTIME LEFT")
+	fmt.Fprintln(tw, "KEY\tHELD\tOWNER\tTOKEN\tTIME LEFT\tVALUE")
 	for _, in := range infos {
 		held, left := "no", "-"
 		if in.Held {
 			held, left = "yes", in.Remaining.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", in.Key, held, in.Owner, in.Token, left)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", in.Key, held, in.Owner, in.Token, left, valueText(in.Value))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -169,7 +169,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return d.opError(err, f.db)
 	}
-	return e.supervise(g, f, sigs)
+	return e.supervise(guardTenure(g, f.key), f, sigs)
 }
 
 // errAttemptTimeout ends an acquire attempt that got no answer in time.
@@ -280,27 +280,53 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 	return g, nil
 }
 
-// supervise runs COMMAND under the lease g and returns run's exit status as
-// a silentExit (or an error to print).
-func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (retErr error) {
+// tenure is what COMMAND runs under: a Guard's lease (run) or an election
+// term (elect).
+type tenure struct {
+	cmd     string // "run" or "elect", for messages
+	key     string
+	token   int64
+	env     []string        // the SQLLOCK_* variables for COMMAND
+	ctx     context.Context // ends at a loss (its cause a *sqllock.LostError) or the release
+	release func(context.Context) error
+}
+
+// guardTenure is run's tenure: the lease of g.
+func guardTenure(g *sqllock.Guard, key string) tenure {
 	lease := g.Lease()
+	return tenure{
+		cmd: "run", key: key, token: lease.Token, ctx: g.Context(), release: g.Release,
+		env: []string{
+			"SQLLOCK_KEY=" + key,
+			"SQLLOCK_TOKEN=" + strconv.FormatInt(lease.Token, 10),
+			"SQLLOCK_OWNER=" + lease.Owner,
+		},
+	}
+}
+
+// supervise runs COMMAND under t and returns its exit status as a
+// silentExit (or an error to print): COMMAND's own, or ExitLeaseLost when
+// t was lost while it ran (COMMAND was stopped), or ExitTempFail when t was
+// lost before it started.
+func (e *env) supervise(t tenure, f runFlags, sigs <-chan os.Signal) (retErr error) {
+	name := "sqllock " + t.cmd
 	notStarted := false // lost before COMMAND started: already reported
 	defer func() {
 		// Release when COMMAND has exited (or could not start). A loss
 		// detected only now still means COMMAND's work may have overlapped.
 		rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		defer cancel()
-		rerr := g.Release(rctx)
+		rerr := t.release(rctx)
 		var s silentExit
 		lostBefore := errors.As(retErr, &s) && int(s) == ExitLeaseLost
 		switch {
 		case rerr == nil || lostBefore || notStarted:
 		case errors.Is(rerr, sqllock.ErrLeaseLost):
-			e.errorf("sqllock run: the lease on %q (token %d) had ended before %s exited: %v; its work may have overlapped another holder's",
-				f.key, lease.Token, f.commandRaw, rerr)
+			e.errorf("%s: the lease on %q (token %d) had ended before %s exited: %v; its work may have overlapped another holder's",
+				name, t.key, t.token, f.commandRaw, rerr)
 			retErr = silentExit(ExitLeaseLost)
 		default:
-			e.errorf("sqllock run: release of %q (token %d) failed: %v; the lease expires by itself within %v", f.key, lease.Token, rerr, f.ttl)
+			e.errorf("%s: release of %q (token %d) failed: %v; the lease expires by itself within %v", name, t.key, t.token, rerr, f.ttl)
 		}
 	}()
 
@@ -308,11 +334,7 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 	cmd := exec.Command(f.command[0], f.command[1:]...)
 	cmd.Args[0] = f.commandRaw
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = e.stdin, e.stdout, e.stderr
-	cmd.Env = append(e.environ(),
-		"SQLLOCK_KEY="+f.key,
-		"SQLLOCK_TOKEN="+strconv.FormatInt(lease.Token, 10),
-		"SQLLOCK_OWNER="+lease.Owner,
-	)
+	cmd.Env = append(e.environ(), t.env...)
 	// Its own process group: a loss stops COMMAND's children too.
 	group := prepareGroup(cmd, e.stdin)
 	if beforeStart != nil {
@@ -320,9 +342,9 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 	}
 	// Never start COMMAND without the lock: a lease lost since the
 	// acquire (renewals failed, or a forced release) means not run.
-	if errors.As(context.Cause(g.Context()), &lost) {
-		e.errorf("sqllock run: lost the lease on %q (token %d) before %s started: %s; not run",
-			f.key, lease.Token, f.commandRaw, lossReason(lost))
+	if errors.As(context.Cause(t.ctx), &lost) {
+		e.errorf("%s: lost the lease on %q (token %d) before %s started: %s; not run",
+			name, t.key, t.token, f.commandRaw, lossReason(lost))
 		notStarted = true
 		return silentExit(ExitTempFail)
 	}
@@ -340,7 +362,7 @@ func (e *env) supervise(g *sqllock.Guard, f runFlags, sigs <-chan os.Signal) (re
 	var (
 		graceC   <-chan time.Time
 		killed   bool
-		leaseEnd = g.Done()
+		leaseEnd = t.ctx.Done()
 	)
 	var waitErr error
 loop:
@@ -354,15 +376,15 @@ loop:
 			}
 		case <-leaseEnd:
 			leaseEnd = nil
-			if !errors.As(context.Cause(g.Context()), &lost) {
+			if !errors.As(context.Cause(t.ctx), &lost) {
 				continue // released: only after COMMAND exited
 			}
-			e.errorf("sqllock run: lost the lease on %q (token %d): %s; stopping %s: SIGTERM now, SIGKILL in %v if it still runs",
-				f.key, lease.Token, lossReason(lost), f.commandRaw, f.grace)
+			e.errorf("%s: lost the lease on %q (token %d): %s; stopping %s: SIGTERM now, SIGKILL in %v if it still runs",
+				name, t.key, t.token, lossReason(lost), f.commandRaw, f.grace)
 			_ = group.signal(syscall.SIGTERM)
-			t := time.NewTimer(f.grace)
-			defer t.Stop()
-			graceC = t.C
+			grace := time.NewTimer(f.grace)
+			defer grace.Stop()
+			graceC = grace.C
 		case <-graceC:
 			graceC = nil
 			killed = true
@@ -373,10 +395,10 @@ loop:
 	group.restoreTerminal()
 	status := exitStatus(cmd.ProcessState)
 	if lost == nil {
-		if errors.As(context.Cause(g.Context()), &lost) {
+		if errors.As(context.Cause(t.ctx), &lost) {
 			// Lost at the moment COMMAND exited: its work may have
 			// overlapped another holder's all the same.
-			e.errorf("sqllock run: lost the lease on %q (token %d) as %s exited: %s", f.key, lease.Token, f.commandRaw, lossReason(lost))
+			e.errorf("%s: lost the lease on %q (token %d) as %s exited: %s", name, t.key, t.token, f.commandRaw, lossReason(lost))
 			return silentExit(ExitLeaseLost)
 		}
 		return silentExit(status)
@@ -393,8 +415,8 @@ loop:
 	if killed {
 		how += fmt.Sprintf("; SIGKILL sent after the %v grace", f.grace)
 	}
-	e.errorf("sqllock run: %s was stopped because the lease on %q was lost (%s); exit status %d",
-		f.commandRaw, f.key, how, ExitLeaseLost)
+	e.errorf("%s: %s was stopped because the lease on %q was lost (%s); exit status %d",
+		name, f.commandRaw, t.key, how, ExitLeaseLost)
 	return silentExit(ExitLeaseLost)
 }
 

@@ -1,0 +1,362 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ashlock/ashlock/election"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+const electUsage = `
+Usage: sqllock elect --name NAME [--value V] [--ttl 30s] [--grace 10s] [flags] -- COMMAND [ARGS...]
+
+Runs COMMAND while this process is the leader of the election NAME: one
+leader at a time among all the "sqllock elect --name NAME" processes (and
+programs using package election) on the same lock table.
+
+  1. Campaigns: waits until no one leads NAME, then takes the term (its
+     lock key is "election/NAME").
+  2. Starts COMMAND as "sqllock run" does (stdio passed through, its own
+     process group, signals forwarded), with these variables added:
+       SQLLOCK_ELECTION  NAME
+       SQLLOCK_TERM      the term's number, the lease's fencing token:
+                         greater than every earlier leader's. Pass it to
+                         what the leader writes, and have it refuse a
+                         lower one.
+       SQLLOCK_KEY, SQLLOCK_TOKEN, SQLLOCK_OWNER  as with "sqllock run"
+  3. Renews the term every --ttl/3 while COMMAND runs.
+  4. If the term is lost (not renewed before it expired, or ended with
+     "sqllock release --force"), COMMAND is stopped (SIGTERM, then SIGKILL
+     after --grace) and sqllock campaigns again; when it wins, COMMAND
+     starts again under the new term.
+  5. When COMMAND exits by itself, the term is released and sqllock exits
+     with COMMAND's status. SIGINT and SIGTERM end a campaign at once, and
+     are forwarded to COMMAND while it runs.
+
+--value publishes a value with each term (this instance's address, say):
+"sqllock leader" and "sqllock list" show it.
+
+Exit status: COMMAND's own (128+N if it died by signal N), except
+  64   usage error; 69 database unreachable; 78 configuration error
+  126  COMMAND could not be started; 127 COMMAND not found
+  128+N  interrupted by signal N while campaigning; COMMAND was not started
+
+Examples:
+  sqllock elect --name billing-scheduler -- ./scheduler
+  sqllock elect --name queue-maintainer --value "$(hostname):8080" -- ./maintain
+`
+
+const leaderUsage = `
+Usage: sqllock leader --name NAME [--json] [flags]
+
+Prints the current term of the election NAME: the leader (its owner name),
+the term's number (fencing token), its deadline by the database clock and
+the value the leader published; or "no leader", with exit status 75.
+
+--json prints one object with the fields
+  name, leading, term, leader, deadline (RFC 3339, database clock),
+  value (the value as text when it is valid UTF-8) and value_base64
+When no one leads, leading is false and term is the last term (0: never).
+
+Examples:
+  sqllock leader --name billing-scheduler
+  sqllock leader --name billing-scheduler --json
+`
+
+type electFlags struct {
+	runFlags
+	name  string
+	value string
+}
+
+func cmdElect(ctx context.Context, e *env, args []string) error {
+	var f electFlags
+	fs := e.flagSet("elect", electUsage)
+	fs.StringVar(&f.name, "name", "", "the election's `name` (required)")
+	fs.StringVar(&f.value, "value", "", "a `value` published with each term (at most 4096 bytes)")
+	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "term lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
+	durationVar(fs, &f.grace, "grace", defaultGrace, "after a lost term, time between SIGTERM and SIGKILL")
+	f.db.register(fs)
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	f.command = fs.Args()
+	switch {
+	case f.name == "":
+		return fail(ExitUsage, "missing --name (see sqllock elect --help)")
+	case len(f.command) == 0:
+		return fail(ExitUsage, "missing the command to run after -- (see sqllock elect --help)")
+	}
+	f.key = election.KeyPrefix + f.name
+	if err := sqllock.ValidateKey(f.key); err != nil {
+		return fail(ExitUsage, "--name: %v", err)
+	}
+	if err := sqllock.ValidateValue([]byte(f.value)); err != nil {
+		return fail(ExitUsage, "--value: %v", err)
+	}
+	if f.ttl < minRunTTL && f.ttl >= sqllock.MinTTL {
+		return fail(ExitUsage, "--ttl %s is too short: at least %s, so that the term can be renewed (every ttl/3) while COMMAND runs", fmtDuration(f.ttl), fmtDuration(minRunTTL))
+	}
+	if err := checkTTL(f.ttl, minRunTTL, sqllock.MaxTTL); err != nil {
+		return err
+	}
+	if err := nonNegative("grace", f.grace); err != nil {
+		return err
+	}
+	f.commandRaw = f.command[0]
+	path, err := exec.LookPath(f.command[0])
+	if err != nil {
+		code := ExitNotFound
+		if !errors.Is(err, exec.ErrNotFound) && !errors.Is(err, os.ErrNotExist) {
+			code = ExitCannotExec
+		}
+		return fail(code, "command %q: %v", f.command[0], err)
+	}
+	f.command[0] = path
+
+	sigs := make(chan os.Signal, 8)
+	e.notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer e.stopNotify(sigs)
+
+	d, err := e.database(f.db)
+	if err != nil {
+		return err
+	}
+	b, err := e.openBackend(ctx, d, f.db, 4)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	client, err := sqllock.New(b, sqllock.Options{TTL: f.ttl, ReleaseTimeout: releaseTimeout})
+	if err != nil {
+		return fail(ExitUsage, "%v", err)
+	}
+	defer func() { _ = client.Close(context.Background()) }()
+	var value []byte
+	if f.value != "" {
+		value = []byte(f.value)
+	}
+	el, err := election.New(client, election.Config{Name: f.name, TTL: f.ttl, Value: value})
+	if err != nil {
+		return fail(ExitUsage, "%v", err)
+	}
+
+	for lost := 0; ; {
+		l, err := e.campaign(ctx, el, f, d, sigs, lost)
+		if err != nil {
+			return err
+		}
+		term := l.Term()
+		e.errorf("sqllock elect: leading %q (term %d); starting %s", f.name, term.Token, f.commandRaw)
+		t := tenure{
+			cmd: "elect", key: f.key, token: term.Token, ctx: l.Context(), release: l.Resign,
+			env: []string{
+				"SQLLOCK_ELECTION=" + f.name,
+				"SQLLOCK_TERM=" + strconv.FormatInt(term.Token, 10),
+				"SQLLOCK_KEY=" + f.key,
+				"SQLLOCK_TOKEN=" + strconv.FormatInt(term.Token, 10),
+				"SQLLOCK_OWNER=" + term.Leader,
+			},
+		}
+		err = e.supervise(t, f.runFlags, sigs)
+		var s silentExit
+		if !errors.As(err, &s) || (int(s) != ExitLeaseLost && int(s) != ExitTempFail) || ctx.Err() != nil {
+			return err // COMMAND ended by itself (or could not start): its status
+		}
+		lost++
+		e.errorf("sqllock elect: term %d of %q ended; campaigning again", term.Token, f.name)
+	}
+}
+
+// campaign waits until this process leads, campaigning again after a
+// transient error (the database unreachable) with backoff; a signal or the
+// end of ctx ends it (not run), an error that waiting cannot mend too.
+// lost is how many terms were lost in a row before: a pause of
+// DefaultBackoff(lost) comes first, so a leader that keeps losing does not
+// hammer the database.
+func (e *env) campaign(ctx context.Context, el *election.Election, f electFlags, d *database, sigs <-chan os.Signal, lost int) (*election.Leadership, error) {
+	cctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	done := make(chan struct{})
+	watched := make(chan struct{})
+	var sig os.Signal // read after watched is closed
+	go func() {
+		defer close(watched)
+		select {
+		case sig = <-sigs:
+			cancel(signalExit{sig})
+		case <-ctx.Done():
+			// main's NotifyContext also ends ctx on a signal; prefer the
+			// signal itself, which arrives at the same moment.
+			t := time.NewTimer(50 * time.Millisecond)
+			defer t.Stop()
+			select {
+			case sig = <-sigs:
+			case <-t.C:
+			}
+		case <-done:
+		}
+	}()
+	interrupted := func() error {
+		close(done)
+		<-watched
+		if sig != nil {
+			return fail(exitSignalBase+signalNumber(sig), "%v while campaigning for %q; not run", sig, f.name)
+		}
+		if ctx.Err() != nil {
+			return fail(exitSignalBase+2, "interrupted while campaigning for %q (%v); not run", f.name, context.Cause(ctx))
+		}
+		return nil
+	}
+	pause := time.Duration(0)
+	if lost > 0 {
+		pause = sqllock.DefaultBackoff(lost)
+	}
+	for failures := 0; ; {
+		if pause > 0 {
+			t := time.NewTimer(pause)
+			select {
+			case <-cctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		if cctx.Err() != nil {
+			return nil, interrupted()
+		}
+		l, err := el.Campaign(cctx)
+		if cctx.Err() != nil {
+			if l != nil {
+				rctx, cancelRelease := context.WithTimeout(context.Background(), releaseTimeout)
+				_ = l.Resign(rctx)
+				cancelRelease()
+			}
+			return nil, interrupted()
+		}
+		if err == nil {
+			if ierr := interrupted(); ierr != nil {
+				rctx, cancelRelease := context.WithTimeout(context.Background(), releaseTimeout)
+				_ = l.Resign(rctx)
+				cancelRelease()
+				return nil, ierr
+			}
+			return l, nil
+		}
+		if !errors.Is(err, sqllock.ErrUnavailable) && !errors.Is(err, sqllock.ErrIndeterminate) {
+			_ = interrupted()
+			return nil, d.opError(err, f.db)
+		}
+		failures++
+		pause = sqllock.DefaultBackoff(failures) * 20 // about 0.1s, doubling, up to 5s
+		e.errorf("sqllock elect: campaign for %q: %s; trying again in %v", f.name, stripPrefixes(err.Error()), pause.Round(time.Millisecond))
+	}
+}
+
+// leaderJSON is the output of `leader --json`; the field names are stable.
+type leaderJSON struct {
+	Name        string     `json:"name"`
+	Leading     bool       `json:"leading"`
+	Term        int64      `json:"term"`
+	Leader      string     `json:"leader,omitempty"`
+	Deadline    *time.Time `json:"deadline,omitempty"`
+	Value       *string    `json:"value,omitempty"`
+	ValueBase64 []byte     `json:"value_base64,omitempty"`
+}
+
+func cmdLeader(ctx context.Context, e *env, args []string) error {
+	var (
+		db     dbFlags
+		name   string
+		asJSON bool
+	)
+	fs := e.flagSet("leader", leaderUsage)
+	fs.StringVar(&name, "name", "", "the election's `name` (required)")
+	fs.BoolVar(&asJSON, "json", false, "print JSON")
+	db.register(fs)
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fail(ExitUsage, "unexpected argument %q (see sqllock leader --help)", fs.Arg(0))
+	}
+	if name == "" {
+		return fail(ExitUsage, "missing --name (see sqllock leader --help)")
+	}
+	if err := sqllock.ValidateKey(election.KeyPrefix + name); err != nil {
+		return fail(ExitUsage, "--name: %v", err)
+	}
+	d, err := e.database(db)
+	if err != nil {
+		return err
+	}
+	b, err := e.openBackend(ctx, d, db, 2)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	client, err := sqllock.New(b, sqllock.Options{})
+	if err != nil {
+		return fail(ExitUsage, "%v", err)
+	}
+	defer func() { _ = client.Close(context.Background()) }()
+	el, err := election.New(client, election.Config{Name: name})
+	if err != nil {
+		return fail(ExitUsage, "%v", err)
+	}
+	lctx, cancel := d.opContext(ctx)
+	term, err := el.Leader(lctx)
+	cancel()
+	leading := err == nil
+	if err != nil && !errors.Is(err, election.ErrNoLeader) {
+		return d.opError(err, db)
+	}
+	if asJSON {
+		out := leaderJSON{Name: name, Leading: leading}
+		if leading {
+			out.Term, out.Leader = term.Token, term.Leader
+			dl := term.Deadline.UTC()
+			out.Deadline = &dl
+			if len(term.Value) > 0 {
+				out.ValueBase64 = term.Value
+				if utf8.Valid(term.Value) {
+					s := string(term.Value)
+					out.Value = &s
+				}
+			}
+		} else {
+			out.Term = lastTerm(err)
+		}
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			return err
+		}
+	} else if leading {
+		fmt.Fprintf(e.stdout, "leader of %q: %s, term %d, value %s, deadline %s (database clock)\n",
+			name, term.Leader, term.Token, valueText(term.Value), term.Deadline.UTC().Format(time.RFC3339Nano))
+	} else {
+		fmt.Fprintf(e.stdout, "no leader for %q (last term %d)\n", name, lastTerm(err))
+	}
+	if !leading {
+		return silentExit(ExitTempFail)
+	}
+	return nil
+}
+
+// lastTerm is the last term an ErrNoLeader error names.
+func lastTerm(err error) int64 {
+	var nl *election.NoLeaderError
+	if errors.As(err, &nl) {
+		return nl.LastTerm
+	}
+	return 0
+}
