@@ -20,6 +20,7 @@ import (
 type config struct {
 	quick       bool
 	databaseURL string
+	etcd        string
 	out         string
 	rounds      int
 	dur         time.Duration
@@ -30,13 +31,14 @@ type config struct {
 
 func (c *config) want(section string) bool { return len(c.only) == 0 || c.only[section] }
 
-var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "sqlite", "memory"}
+var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "sqlite", "memory", "etcd"}
 
 func main() {
 	var cfg config
 	var conc, only, render string
 	flag.BoolVar(&cfg.quick, "quick", false, "a short run (under 2 minutes): 1 round, shorter cells, fewer samples")
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL to use (postgres://...); default: start a throwaway server from the local PostgreSQL binaries")
+	flag.StringVar(&cfg.etcd, "etcd-endpoints", "", "etcd to use (comma-separated client URLs); default: start a throwaway one-member server from the local etcd binary")
 	flag.StringVar(&cfg.out, "out", "results", "directory for latest.md, latest.json and the chart")
 	flag.IntVar(&cfg.rounds, "rounds", 0, "interleaved rounds per cell (default 5, -quick 1)")
 	flag.DurationVar(&cfg.dur, "duration", 0, "duration of one PostgreSQL throughput cell (default 1.2s, -quick 700ms; other sections scale from it)")
@@ -200,6 +202,25 @@ func run(ctx context.Context, cfg *config) (err error) {
 			return err
 		}
 		rep.addMatrix(m, memoryRatios)
+	}
+	if cfg.want("etcd") {
+		e, err := startEtcd(ctx, cfg.etcd)
+		if err != nil {
+			return err
+		}
+		defer e.close()
+		m, err := e.matrix(cfg)
+		if err != nil {
+			return fmt.Errorf("etcd: %w", err)
+		}
+		if err := m.run(ctx, logf); err != nil {
+			return err
+		}
+		rep.addMatrix(m, etcdRatios)
+		rep.Etcd = &EtcdResult{Version: e.version}
+		if rep.Etcd.Handoff, err = e.handoff(ctx, cfg); err != nil {
+			return fmt.Errorf("etcd handoff: %w", err)
+		}
 	}
 	rep.Seconds = time.Since(startTime).Seconds()
 	if err := rep.write(cfg.out, true); err != nil {

@@ -29,6 +29,7 @@ type Report struct {
 	// SQLiteBusyRetries is sqlite.Backend.Stats().BusyRetries after the
 	// SQLite section, per backend.
 	SQLiteBusyRetries map[string]uint64 `json:"sqlite_busy_retries,omitempty"`
+	Etcd              *EtcdResult       `json:"etcd,omitempty"`
 
 	ratioIndex map[string]float64
 }
@@ -129,6 +130,10 @@ func (r *Report) writeJSON(path string) error {
 }
 
 var names = map[string]string{
+	"etcd|mutex":   "etcd `concurrency.Mutex` TryLock + Unlock",
+	"etcd|backend": "ashlock etcd Backend",
+	"etcd|client":  "ashlock Client + Guard on etcd",
+
 	"pg|raw":              "raw two statements via pgx, durable (the limit)",
 	"pg|raw-async":        "raw two statements, release committed asynchronously",
 	"pg|backend":          "ashlock Backend, defaults (asynchronous release)",
@@ -451,6 +456,9 @@ func (r *Report) markdown() string {
 		}
 		w("\nTarget: ≥ 1M pairs/s on one goroutine, ≤ 2 allocs per pair.\n")
 	}
+	if gs := r.concs("etcd"); len(gs) > 0 {
+		r.etcdMarkdown(w, gs)
+	}
 	var errs []string
 	for _, c := range r.Cells {
 		if c.Errors > 0 {
@@ -464,6 +472,50 @@ func (r *Report) markdown() string {
 		}
 	}
 	return b.String()
+}
+
+// EtcdResult is what the etcd section measures beyond its matrix.
+type EtcdResult struct {
+	Version string    `json:"version"`
+	Handoff []Latency `json:"handoff"`
+}
+
+func (r *Report) etcdMarkdown(w func(string, ...any), gs []int) {
+	version := "?"
+	if r.Etcd != nil {
+		version = r.Etcd.Version
+	}
+	w("\n## etcd: TryAcquire + Release pairs/s\n\nOne etcd %s member started from the machine's binary (data directory on the temp file system, etcd's default durable settings), random keys; etcd's `concurrency.Mutex` does TryLock + Unlock with one session per goroutine (its lease granted once, before the cell, and kept alive in the background), where each ashlock lease has a TTL and an etcd lease of its own (granted, or a released one renewed with a keep-alive), so an ashlock pair costs one round trip more.\n\n| contender | %s |\n|---|%s\n", version, cols(gs, "", false), strings.Repeat("--:|", len(gs)))
+	for _, c := range []string{"mutex", "backend", "client"} {
+		w("| %s |", name("etcd", c))
+		for _, g := range gs {
+			cell, _ := r.cell("etcd", c, g)
+			if c == "mutex" {
+				w(" %s |", num(cell.OpsPerSec))
+			} else {
+				w(" %s (%s) |", num(cell.OpsPerSec), ratioStr(r.ratio("etcd", c, "mutex", g)))
+			}
+		}
+		w("\n")
+	}
+	w("\nIn parentheses: the ratio to `concurrency.Mutex`, same rounds (target ≥ 1×). p50 latency of a pair at 1 goroutine: mutex %s ms, Backend %s ms.\n",
+		msStr(findCellIn(r.Cells, "etcd", "mutex", gs[0]).P50us), msStr(findCellIn(r.Cells, "etcd", "backend", gs[0]).P50us))
+	if r.Etcd != nil && len(r.Etcd.Handoff) > 0 {
+		w("\n| etcd handoff (release → a waiting Acquire / Lock holds) | n | p50 ms | p90 ms | p99 ms | max ms |\n|---|--:|--:|--:|--:|--:|\n")
+		for _, l := range r.Etcd.Handoff {
+			w("| %s | %d | %.2f | %.2f | %.2f | %.2f |\n", l.Name, l.N, l.P50ms, l.P90ms, l.P99ms, l.MaxMs)
+		}
+	}
+}
+
+// findCellIn is findCell within one section.
+func findCellIn(cells []Cell, section, contender string, g int) Cell {
+	for _, c := range cells {
+		if c.Section == section && c.Contender == contender && c.Goroutines == g {
+			return c
+		}
+	}
+	return Cell{}
 }
 
 func shortName(c string) string {

@@ -44,6 +44,7 @@ func New(b Backend, opts Options) (*Client, error) {
 	if opts.Owner == "" {
 		opts.Owner = defaultOwner()
 	}
+	opts.BackendName = cmp.Or(opts.BackendName, backendName(b))
 	if err := ValidateOwner(opts.Owner); err != nil {
 		return nil, err
 	}
@@ -118,12 +119,15 @@ func (c *Client) prepare(key string, ao *AcquireOptions) (settings, error) {
 // TryAcquire repeats the same request (same owner), which returns the grant
 // if the first one was applied; if it still cannot tell, the error matches
 // [ErrIndeterminate] and no Guard is handed out.
-func (c *Client) TryAcquire(ctx context.Context, key string, opts *AcquireOptions) (*Guard, error) {
+func (c *Client) TryAcquire(ctx context.Context, key string, opts *AcquireOptions) (g *Guard, err error) {
 	s, err := c.prepare(key, opts)
 	if err != nil {
 		return nil, err
 	}
 	req := c.request(key, s)
+	if c.opts.Observer != nil {
+		defer c.observeAcquire(ctx, &req, false, time.Now(), nil, &g, &err)
+	}
 	l, sent, err := c.try(ctx, req, true)
 	if err != nil {
 		return nil, err
@@ -140,7 +144,7 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 //
 // The Guard lives under ctx: a short-deadline ctx also ends the Guard. Bound
 // only the wait with opts.Wait.
-func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) (*Guard, error) {
+func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) (g *Guard, err error) {
 	s, err := c.prepare(key, opts)
 	if err != nil {
 		return nil, err
@@ -162,7 +166,12 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 	timer.Stop()
 	defer timer.Stop()
 	var last error // the last attempt's error that says more than the context's
+	attempts := 0
+	if c.opts.Observer != nil {
+		defer c.observeAcquire(ctx, &req, true, time.Now(), &attempts, &g, &err)
+	}
 	for attempt := 1; ; attempt++ {
+		attempts = attempt
 		l, sent, err := c.try(wctx, req, false)
 		if err == nil {
 			return c.newGuard(ctx, l, sent, s)
@@ -171,7 +180,7 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 		switch {
 		case errors.As(err, &he):
 		case errors.Is(err, ErrIndeterminate), errors.Is(err, ErrUnavailable):
-			c.log.Debug("sqllock: acquire attempt failed, retrying", "key", key, "err", err)
+			c.log.DebugContext(ctx, "sqllock: acquire attempt failed, retrying", "key", key, "owner", req.Owner, "backend", c.opts.BackendName, "attempt", attempt, "err", err)
 		case wctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 			return nil, c.waitEnded(ctx, wctx, req, cmp.Or(last, err))
 		default:
@@ -219,8 +228,7 @@ func (c *Client) waitEnded(ctx, wctx context.Context, req AcquireRequest, last e
 // try makes one acquire attempt. With settle set, an indeterminate outcome
 // is settled (see settle).
 func (c *Client) try(ctx context.Context, req AcquireRequest, settle bool) (Lease, time.Time, error) {
-	sent := time.Now()
-	l, err := c.b.TryAcquire(ctx, req)
+	l, sent, err := c.attempt(ctx, req, false)
 	if err == nil || !settle || !errors.Is(err, ErrIndeterminate) {
 		return l, sent, err
 	}
@@ -249,8 +257,8 @@ func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lea
 				break
 			}
 		}
-		sent = time.Now()
-		l, err2 := c.b.TryAcquire(sctx, req)
+		l, sent2, err2 := c.attempt(sctx, req, true)
+		sent = sent2
 		switch {
 		case err2 == nil && ctx.Err() != nil:
 			c.releaseQuietly(sctx, l)
@@ -277,7 +285,7 @@ func anonymousHolder(err error) bool {
 
 func (c *Client) releaseQuietly(ctx context.Context, l Lease) {
 	if err := c.b.Release(ctx, l); err != nil {
-		c.log.Warn("sqllock: release failed; the lease ends at its deadline", "key", l.Key, "token", l.Token, "err", err)
+		c.logReleaseFailure(ctx, l, err)
 	}
 }
 

@@ -129,6 +129,19 @@
 //     never reused, so the key cannot be granted again.
 //   - [ErrClosed]: the Client was closed.
 //
+// # Observability
+//
+// [Options].Observer receives typed events: acquire attempts and calls
+// (outcome, duration, for Acquire the wait and the attempts), renewals
+// (outcome, round trip, and slack: what the local deadline had left when
+// the reply arrived), releases (outcome, time held), losses (reason), and
+// each Guard's start and end. A nil Observer costs nothing; with one, a
+// Guard allocates one small struct for its events, and delivering them
+// allocates nothing. Package otelsqllock, a module of its own,
+// records them as OpenTelemetry metrics and spans. [Options].Logger gets
+// losses and failures through the *Context methods of log/slog, with the
+// attributes key, token, owner, backend, reason, attempt and err.
+//
 // # Choosing a backend
 //
 // PostgreSQL (dialect/postgres) serves many hosts: pass the application's

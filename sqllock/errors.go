@@ -126,6 +126,23 @@ func (r LostReason) String() string {
 	}
 }
 
+// Name returns the reason as one stable lower-case word, fit for a log
+// attribute or a metric label: expired, taken, released or unreachable.
+func (r LostReason) Name() string {
+	switch r {
+	case LostExpired:
+		return "expired"
+	case LostTaken:
+		return "taken"
+	case LostReleased:
+		return "released"
+	case LostUnreachable:
+		return "unreachable"
+	default:
+		return "unknown"
+	}
+}
+
 // LostError is the detail of [ErrLeaseLost].
 type LostError struct {
 	Key    string

@@ -42,6 +42,8 @@ type Guard struct {
 	lost      *LostError  // set once, at the first definite loss
 	finishing bool        // set once, by the first Release (or the watchdog)
 	finishErr error       // the result of the release, valid after finished
+
+	obs *guardObs // for the Observer's events (observe.go); nil without one
 }
 
 // errRenewTooLate is returned by renew when the local deadline passed while
@@ -64,6 +66,7 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 	g := &Guard{c: c, s: s, key: l.Key, token: l.Token, lease: l, local: local, done: make(chan struct{}), finished: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancelCause(parent)
 	g.wdCtx, g.wdCancel = context.WithCancel(context.Background())
+	g.observeStart(sent)
 	g.mu.Lock()
 	g.expiry = time.AfterFunc(time.Until(local), g.localDeadlinePassed)
 	g.mu.Unlock()
@@ -147,7 +150,7 @@ func (g *Guard) Renew(ctx context.Context) (Lease, error) {
 
 // renew sends one renewal, bounded by the local deadline, and applies its
 // result unless the Guard was lost or released meanwhile.
-func (g *Guard) renew(ctx context.Context) (Lease, error) {
+func (g *Guard) renew(ctx context.Context) (_ Lease, final error) {
 	g.mu.Lock()
 	lease, local := g.lease, g.local
 	g.mu.Unlock()
@@ -155,6 +158,9 @@ func (g *Guard) renew(ctx context.Context) (Lease, error) {
 	defer cancel()
 	sent := time.Now()
 	l, err := g.c.b.TryRenew(rctx, lease, g.s.ttl)
+	if g.c.opts.Observer != nil {
+		defer g.observeRenew(sent, time.Now(), local, err, &final)
+	}
 	if mutantOn(mutantDeadlineFromReply) {
 		sent = time.Now()
 	}
@@ -214,9 +220,7 @@ func (g *Guard) lose(err error) {
 	g.expiry.Stop()
 	g.mu.Unlock()
 	g.cancel(le)
-	if g.ctx.Err() != nil && context.Cause(g.ctx) == le {
-		g.c.log.Warn("sqllock: lease lost", "key", le.Key, "token", le.Token, "reason", le.Reason.String(), "err", le.Err)
-	}
+	g.noteLoss(le)
 }
 
 // watchdog renews the lease every interval, counted from the send time of
@@ -258,7 +262,7 @@ func (g *Guard) watchdog(sent time.Time) {
 			t.Reset(g.s.interval)
 		default:
 			attempt++
-			g.c.log.Debug("sqllock: renewal failed, retrying", "key", g.key, "token", g.token, "attempt", attempt, "err", err)
+			g.logRenewFailure(attempt, err)
 			t.Reset(min(g.c.opts.Backoff(attempt), g.s.interval))
 		}
 	}
@@ -357,15 +361,17 @@ func (g *Guard) awaitWatchdog(ctx context.Context) {
 // releaseBackend releases the lease at the backend (unless a newer token or
 // a release already ended it), within ctx, and forgets the Guard. It runs
 // once, after the Guard's context has ended.
-func (g *Guard) releaseBackend(ctx context.Context) error {
+func (g *Guard) releaseBackend(ctx context.Context) (err error) {
 	defer g.c.forget(g)
+	if g.c.opts.Observer != nil {
+		defer g.observeRelease(time.Now(), &err)
+	}
 	g.mu.Lock()
 	lease, lost := g.lease, g.lost
 	g.mu.Unlock()
 	if lost != nil && (lost.Reason == LostTaken || lost.Reason == LostReleased) {
 		return lost
 	}
-	var err error
 	for attempt := 1; ; attempt++ {
 		err = g.c.b.Release(ctx, lease)
 		if err == nil || (!errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrIndeterminate)) || attempt == 3 {
@@ -380,7 +386,7 @@ func (g *Guard) releaseBackend(ctx context.Context) error {
 		return lost
 	}
 	if err != nil {
-		g.c.log.Warn("sqllock: release failed; the lease ends at its deadline", "key", lease.Key, "token", lease.Token, "err", err)
+		g.c.logReleaseFailure(g.ctx, lease, err)
 	}
 	return err
 }

@@ -26,8 +26,12 @@ type Options struct {
 	// Default: "host:pid:random". At most MaxOwnerLen-34 bytes.
 	Owner string
 
-	// Logger receives lease losses (Warn) and transient renewal failures
-	// (Debug). nil discards.
+	// Logger receives lease losses (Warn), failed releases (Warn) and
+	// transient renewal and acquire failures (Debug), through the *Context
+	// methods (so a handler can read the Guard's or the call's context),
+	// with these attributes: key, token, owner (the lease's), backend
+	// (BackendName), reason (a loss's [LostReason.Name]), attempt and err.
+	// nil discards.
 	Logger *slog.Logger
 
 	// TTL is the lease duration when AcquireOptions.TTL is zero. Default
@@ -59,6 +63,17 @@ type Options struct {
 	// Close, after the Guard's parent context ended, or by Release called
 	// with a context that is already done. Default [DefaultReleaseTimeout].
 	ReleaseTimeout time.Duration
+
+	// Observer receives the client's events: acquire attempts and calls,
+	// renewals, releases, losses, and Guards starting and ending. nil, the
+	// default, observes nothing at no cost. Package otelsqllock provides one
+	// that records OpenTelemetry metrics and spans.
+	Observer *Observer
+
+	// BackendName names the backend in events and log records (the
+	// "backend" attribute). Default: the package name of the Backend's
+	// type, such as "postgres", "sqlite" or "memory".
+	BackendName string
 }
 
 // AcquireOptions are per-call settings; a nil *AcquireOptions means the

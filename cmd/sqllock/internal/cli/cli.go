@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"regexp"
@@ -64,6 +65,9 @@ type env struct {
 	notify         func(c chan<- os.Signal, sig ...os.Signal)
 	stopNotify     func(c chan<- os.Signal)
 	usages         []usageText
+	// log, when --log-format or --log-level asked for log records, gets
+	// the lock's events and every message errorf would print.
+	log *slog.Logger
 }
 
 // Run runs the sqllock command line args (without the program name) and
@@ -207,6 +211,10 @@ func (e *env) errorf(format string, args ...any) {
 		lines[i] = strings.TrimSpace(l)
 	}
 	msg = strings.Join(lines, "; ") // errors.Join and multi-line driver errors
+	if e.log != nil {
+		e.log.Error(redact(msg))
+		return
+	}
 	fmt.Fprintln(e.stderr, redact(msg))
 }
 

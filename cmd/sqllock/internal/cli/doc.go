@@ -4,8 +4,10 @@
 // # Commands
 //
 //	sqllock migrate up|down|status|sql [--table T] [--schema S] [--force] [--dialect D]
-//	sqllock run --key K [--ttl 30s] [--wait 0] [--grace 10s] [--table T] -- CMD ARGS...
+//	sqllock run --key K [--ttl 30s] [--wait 0] [--grace 10s] [--table T] [--log-format json|text] [--log-level L] -- CMD ARGS...
 //	sqllock list [--prefix P] [--json] [--watch]
+//	sqllock elect --name N [--value V] [--ttl 30s] [--grace 10s] [--log-format json|text] [--log-level L] -- CMD ARGS...
+//	sqllock leader --name N [--json]
 //	sqllock release --key K --force
 //	sqllock bench [--clients N] [--keys N] [--duration D] [--workload uncontended|hot|handoff|all] [--json]
 //
@@ -44,6 +46,13 @@
 // what `consul lock` does, and what
 // `etcdctl lock` does not (it leaves the command running after its session
 // is lost; etcd's lock_command.go waits on the child only).
+//
+// With --log-format json or text (or --log-level, which implies text), run
+// (and elect) writes log records to stderr instead of plain lines: the lock's history
+// from the client's [sqllock.Observer] and Logger (acquired, renewed,
+// released, lost, with the attributes key, token, owner, backend, reason)
+// and run's own messages (ERROR), so that a cron job's lock history lands
+// in a log pipeline.
 //
 // # Exit statuses
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
@@ -44,6 +45,10 @@ programs using package election) on the same lock table.
 
 --value publishes a value with each term (this instance's address, say):
 "sqllock leader" and "sqllock list" show it.
+
+--log-format json (or text) and --log-level write log records to stderr as
+with "sqllock run": each term's lease history, and elect's own progress
+(leading: INFO; a term ended, a failed campaign: WARN).
 
 Exit status: COMMAND's own (128+N if it died by signal N), except
   64   usage error; 69 database unreachable; 78 configuration error
@@ -86,7 +91,11 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "term lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
 	durationVar(fs, &f.grace, "grace", defaultGrace, "after a lost term, time between SIGTERM and SIGKILL")
 	f.db.register(fs)
+	f.log.register(fs)
 	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if err := f.log.setup(e); err != nil {
 		return err
 	}
 	f.command = fs.Args()
@@ -136,7 +145,7 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer b.close()
-	client, err := sqllock.New(b, sqllock.Options{TTL: f.ttl, ReleaseTimeout: releaseTimeout})
+	client, err := sqllock.New(b, e.clientOptions(f.ttl, d))
 	if err != nil {
 		return fail(ExitUsage, "%v", err)
 	}
@@ -156,7 +165,7 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		term := l.Term()
-		e.errorf("sqllock elect: leading %q (term %d); starting %s", f.name, term.Token, f.commandRaw)
+		e.notef(slog.LevelInfo, "sqllock elect: leading %q (term %d); starting %s", f.name, term.Token, f.commandRaw)
 		t := tenure{
 			cmd: "elect", key: f.key, token: term.Token, ctx: l.Context(), release: l.Resign,
 			env: []string{
@@ -173,7 +182,7 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 			return err // COMMAND ended by itself (or could not start): its status
 		}
 		lost++
-		e.errorf("sqllock elect: term %d of %q ended; campaigning again", term.Token, f.name)
+		e.notef(slog.LevelWarn, "sqllock elect: term %d of %q ended; campaigning again", term.Token, f.name)
 	}
 }
 
@@ -257,7 +266,7 @@ func (e *env) campaign(ctx context.Context, el *election.Election, f electFlags,
 		}
 		failures++
 		pause = sqllock.DefaultBackoff(failures) * 20 // about 0.1s, doubling, up to 5s
-		e.errorf("sqllock elect: campaign for %q: %s; trying again in %v", f.name, stripPrefixes(err.Error()), pause.Round(time.Millisecond))
+		e.notef(slog.LevelWarn, "sqllock elect: campaign for %q: %s; trying again in %v", f.name, stripPrefixes(err.Error()), pause.Round(time.Millisecond))
 	}
 }
 

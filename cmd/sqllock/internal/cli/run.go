@@ -36,7 +36,13 @@ Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
      exits 76. COMMAND runs in its own process group, so both signals reach
      the processes it started too (forwarded signals go to the group as
      well, followed by SIGCONT so that a stopped process acts on them).
-  6. When stdin is the terminal, COMMAND's group is made the terminal's
+  6. With --log-format json (or text), sqllock writes its own lines to
+     stderr as log records, one per line, with the lock's history: acquired
+     (key, token, owner, backend, attempts, wait), renewals and attempts
+     (--log-level debug), the command's exit status, released (held), and
+     a loss (WARN, with its reason): a cron job's lock history for the log
+     pipeline. Durations are nanoseconds in JSON.
+  7. When stdin is the terminal, COMMAND's group is made the terminal's
      foreground, as a shell does for a job: an interactive COMMAND can read
      it, and Ctrl-C reaches it directly. On Linux, Ctrl-Z stops COMMAND and
      then sqllock, and fg continues both (a stop longer than the lease
@@ -57,6 +63,7 @@ Examples:
   sqllock run --key nightly-report -- ./report.sh --since yesterday
   sqllock run --key deploy --wait 5m --ttl 1m -- make deploy
   sqllock run --key demo -- sh -c 'echo "token $SQLLOCK_TOKEN"'
+  sqllock run --key nightly --log-format json -- ./nightly.sh 2>>/var/log/nightly.jsonl
 `
 
 // Default timings of `run`.
@@ -72,6 +79,7 @@ const (
 
 type runFlags struct {
 	db         dbFlags
+	log        logFlags
 	key        string
 	ttl, wait  time.Duration
 	grace      time.Duration
@@ -92,7 +100,11 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	durationVar(fs, &f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
 	durationVar(fs, &f.grace, "grace", defaultGrace, "after a lost lease, time between SIGTERM and SIGKILL")
 	f.db.register(fs)
+	f.log.register(fs)
 	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if err := f.log.setup(e); err != nil {
 		return err
 	}
 	f.command = fs.Args()
@@ -159,7 +171,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 		f.waitLeft = max(time.Until(start.Add(f.wait)), time.Millisecond)
 	}
 	defer b.close()
-	client, err := sqllock.New(b, sqllock.Options{TTL: f.ttl, ReleaseTimeout: releaseTimeout})
+	client, err := sqllock.New(b, e.clientOptions(f.ttl, d))
 	if err != nil {
 		return fail(ExitUsage, "%v", err)
 	}
@@ -394,6 +406,9 @@ loop:
 	stopProxy()
 	group.restoreTerminal()
 	status := exitStatus(cmd.ProcessState)
+	if e.log != nil {
+		e.log.Info(name+": command exited", "key", t.key, "token", t.token, "command", f.commandRaw, "status", status)
+	}
 	if lost == nil {
 		if errors.As(context.Cause(t.ctx), &lost) {
 			// Lost at the moment COMMAND exited: its work may have

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+
+	"github.com/ashlock/ashlock/dialect/etcd"
+	"github.com/ashlock/ashlock/internal/testkit/etcdserver"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+var etcdRatios = [][2]string{{"backend", "mutex"}, {"client", "mutex"}, {"client", "backend"}}
+
+// etcdEnv is the etcd section's server and clients.
+type etcdEnv struct {
+	endpoints []string
+	version   string
+	cluster   *etcdserver.Cluster // nil with -etcd-endpoints
+	clients   []*clientv3.Client
+}
+
+// startEtcd starts a one-member etcd the way the tests do (package
+// etcdserver: the machine's binary, a temp dir on disk with etcd's default
+// durable settings, free loopback ports), unless endpoints are given.
+func startEtcd(ctx context.Context, endpoints string) (*etcdEnv, error) {
+	e := &etcdEnv{}
+	if endpoints != "" {
+		e.endpoints = strings.Split(endpoints, ",")
+	} else {
+		begin := time.Now()
+		c, err := etcdserver.Start(ctx, etcdserver.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("start etcd (or pass -etcd-endpoints): %w", err)
+		}
+		e.cluster, e.endpoints = c, c.Endpoints()
+		logf("started etcd %s in %s in %v", c.Bin(), c.Dir(), time.Since(begin).Round(time.Millisecond))
+	}
+	cli, err := e.client()
+	if err != nil {
+		e.close()
+		return nil, err
+	}
+	st, err := cli.Status(ctx, e.endpoints[0])
+	if err != nil {
+		e.close()
+		return nil, fmt.Errorf("etcd status: %w", err)
+	}
+	e.version = st.Version
+	return e, nil
+}
+
+func (e *etcdEnv) client() (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, err
+	}
+	e.clients = append(e.clients, cli)
+	return cli, nil
+}
+
+func (e *etcdEnv) close() {
+	for _, c := range e.clients {
+		c.Close()
+	}
+	if e.cluster != nil {
+		e.cluster.Close()
+	}
+}
+
+// etcdMatrix: TryAcquire + Release pairs of the etcd Backend and of the
+// Client over it, against etcd's own concurrency.Mutex (TryLock + Unlock,
+// one session per goroutine, created before the cell: its lease is
+// granted once and kept alive in the background, where each ashlock lease
+// has a TTL and an etcd lease of its own), random keys, one etcd client
+// for all goroutines of a contender.
+func (e *etcdEnv) matrix(cfg *config) (*matrix, error) {
+	keys := make([]string, cfg.keys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%05d", i)
+	}
+	cli, err := e.client()
+	if err != nil {
+		return nil, err
+	}
+	b, err := etcd.New(cli, etcd.Options{Prefix: "bench/ashlock/"})
+	if err != nil {
+		return nil, err
+	}
+	ccli, err := e.client()
+	if err != nil {
+		return nil, err
+	}
+	cb, err := etcd.New(ccli, etcd.Options{Prefix: "bench/client/"})
+	if err != nil {
+		return nil, err
+	}
+	c, err := sqllock.New(cb, sqllock.Options{Owner: "bench"})
+	if err != nil {
+		return nil, err
+	}
+	mcli, err := e.client()
+	if err != nil {
+		return nil, err
+	}
+	sessions := map[int]*concurrency.Session{}
+	mutex := contender{name: "mutex", newWorker: func(id int, rng *rand.Rand) pairFunc {
+		s := sessions[id]
+		if s == nil {
+			s, err = concurrency.NewSession(mcli, concurrency.WithTTL(int(defaultTTL/time.Second)))
+			if err != nil {
+				return func(context.Context) (bool, error) { return false, err }
+			}
+			sessions[id] = s
+		}
+		return func(ctx context.Context) (bool, error) {
+			m := concurrency.NewMutex(s, "bench/mutex/"+keys[rng.IntN(len(keys))])
+			err := m.TryLock(ctx)
+			if errors.Is(err, concurrency.ErrLocked) {
+				return false, nil
+			}
+			if err != nil {
+				return false, err
+			}
+			return true, m.Unlock(ctx)
+		}
+	}}
+	return &matrix{
+		section: "etcd",
+		contenders: []contender{
+			backendContender("backend", b, keys, defaultTTL),
+			clientContender("client", c, keys),
+			mutex,
+		},
+		conc: cfg.conc, rounds: cfg.rounds, dur: cfg.dur, latency: true, warmup: cfg.warmup(),
+	}, nil
+}
+
+// handoff: as the PostgreSQL handoff (a holder releases after 20–120 ms
+// while a waiter waits in Acquire; from just before Release to Acquire's
+// return), for the etcd Backend (woken by its etcd watch) and for
+// concurrency.Mutex (Lock waits on the holder key's deletion).
+func (e *etcdEnv) handoff(ctx context.Context, cfg *config) ([]Latency, error) {
+	n := 60
+	if cfg.quick {
+		n = 20
+	}
+	rng := rand.New(rand.NewPCG(11, 13))
+	var sides [2]*sqllock.Client
+	for i := range sides {
+		cli, err := e.client()
+		if err != nil {
+			return nil, err
+		}
+		b, err := etcd.New(cli, etcd.Options{Prefix: "bench/handoff/"})
+		if err != nil {
+			return nil, err
+		}
+		if sides[i], err = sqllock.New(b, sqllock.Options{Owner: fmt.Sprintf("side%d", i)}); err != nil {
+			return nil, err
+		}
+		defer sides[i].Close(context.Background())
+	}
+	var ours, theirs []time.Duration
+	errs := [2]int{}
+	var mcli [2]*clientv3.Client
+	var sess [2]*concurrency.Session
+	for i := range mcli {
+		var err error
+		if mcli[i], err = e.client(); err != nil {
+			return nil, err
+		}
+		if sess[i], err = concurrency.NewSession(mcli[i], concurrency.WithTTL(int(defaultTTL/time.Second))); err != nil {
+			return nil, err
+		}
+		defer sess[i].Close()
+	}
+	for i := range n {
+		key := fmt.Sprintf("h%d", i)
+		d, err := oneHandoff(ctx, sides[0], sides[1], key, handoffHold(rng))
+		if err != nil {
+			errs[0]++
+		} else {
+			ours = append(ours, d)
+		}
+		d, err = mutexHandoff(ctx, sess[0], sess[1], "bench/mutex-handoff/"+key, handoffHold(rng))
+		if err != nil {
+			errs[1]++
+		} else {
+			theirs = append(theirs, d)
+		}
+	}
+	logf("etcd handoff: ashlock p50 %v p99 %v; mutex p50 %v p99 %v", durQuantile(ours, 0.5), durQuantile(ours, 0.99), durQuantile(theirs, 0.5), durQuantile(theirs, 0.99))
+	return []Latency{
+		newLatency("etcd", "ashlock etcd Backend + Client, etcd watch", "", ours, errs[0]),
+		newLatency("etcd", "etcd concurrency.Mutex", "", theirs, errs[1]),
+	}, nil
+}
+
+func mutexHandoff(ctx context.Context, holder, waiter *concurrency.Session, key string, hold time.Duration) (time.Duration, error) {
+	hm := concurrency.NewMutex(holder, key)
+	if err := hm.Lock(ctx); err != nil {
+		return 0, err
+	}
+	type result struct {
+		at time.Time
+		m  *concurrency.Mutex
+		e  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		wm := concurrency.NewMutex(waiter, key)
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		err := wm.Lock(wctx)
+		got <- result{time.Now(), wm, err}
+	}()
+	time.Sleep(hold)
+	t0 := time.Now()
+	if err := hm.Unlock(ctx); err != nil {
+		return 0, err
+	}
+	r := <-got
+	if r.e != nil {
+		return 0, r.e
+	}
+	if err := r.m.Unlock(ctx); err != nil {
+		return 0, err
+	}
+	return r.at.Sub(t0), nil
+}

@@ -1,0 +1,74 @@
+// Package etcd is a [sqllock.Backend] on an etcd cluster: the same lease
+// semantics as the SQL backends, with etcd as the authority. Use it when
+// the locks should not live in the application's database, or when a 3- or
+// 5-member etcd cluster already runs beside the fleet.
+//
+// It is a Go module of its own, so programs that never use etcd never
+// download its client. [New] takes the application's *clientv3.Client and
+// never closes it.
+//
+// # Keys
+//
+// Under [Options.Prefix] (default "sqllock/") each lock key K has up to
+// three etcd keys:
+//
+//	<prefix>t/K  the token record: the key's current token and the owner
+//	             it was granted to (JSON); written by every grant, never
+//	             deleted, so the token never restarts
+//	<prefix>h/K  the holder: the current token in decimal, attached to an
+//	             etcd lease; it exists exactly while the grant is held and
+//	             unexpired by etcd (a release deletes it, etcd's expiry of
+//	             the lease deletes it)
+//	<prefix>r/K  the last release: the token released and who released it
+//
+// A grant is one etcd transaction that compares the token record's
+// revision and the holder's absence, and writes the token record (token + 1)
+// and the holder; so tokens are a per-key counter, exactly previous + 1,
+// across release, expiry, member restart and whole-cluster restart. Deleting
+// these keys by hand (etcdctl del) restarts a key's tokens: never do that;
+// end a lease with a release instead.
+//
+// # Time
+//
+// etcd decides expiry: a lease ends when the etcd leader's lease for the
+// holder key expires. etcd leases have whole-second TTLs and a server
+// minimum (ceil(1.5 × election timeout), 2 s with etcd's default 1 s
+// election timeout), so the backend rounds a TTL up to whole seconds and
+// the server may raise it further: a 200 ms TTL becomes 1 s, which a
+// default-configured server grants as 2 s. Rounding is always up, never
+// down. A leader change only extends leases (the new leader restarts
+// every lease's TTL), which is safe: a holder's local deadline is earlier
+// still. Takeover after a crashed holder therefore comes at the granted TTL
+// after the holder's last renewal, plus up to one election timeout when the
+// leader changed meanwhile.
+//
+// etcd does not expose its clock, so a Lease's BackendTime is this host's
+// wall clock just before the request that started the etcd lease's current
+// period (the grant, or the keep-alive of a renewal) was sent, and Deadline
+// is BackendTime plus the TTL etcd granted: the earliest moment etcd can
+// end the lease, as seen from this host. Deadline.Sub(BackendTime) is the
+// granted TTL. The client's local deadline (send time + TTL − margin) is
+// never later than etcd's expiry, because the etcd lease is granted, or
+// kept alive, only after the acquire or renew was sent, and with a TTL at
+// least the one requested. [sqllock.LockInfo.Deadline] and
+// [sqllock.HeldError.Remaining] come from etcd's lease time-to-live, which
+// etcd reports in whole seconds, rounded down.
+//
+// # Round trips
+//
+// TryAcquire: 2 (lease grant, then the transaction); 3 when another
+// process changed the key since this Backend last saw it; a refused attempt
+// on a key this Backend saw held costs a read and the holder's
+// time-to-live, and no write. TryRenew: 2 (a read-only transaction that
+// checks the token, then a keep-alive; a renewal with a longer TTL than the
+// lease was granted with grants a new lease instead of the keep-alive).
+// Release: 1. List: 1, plus one time-to-live per held key. Only grants,
+// releases and lease grants are raft writes; the renew check is a
+// linearizable read and the keep-alive is served by the leader alone.
+//
+// # Fencing
+//
+// [Backend.Fenced] applies the caller's etcd operations in one transaction
+// that commits only while the lease holds its key: the counterpart of the
+// PostgreSQL backend's FencedTx, for a resource kept in the same etcd.
+package etcd

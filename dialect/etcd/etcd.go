@@ -1,0 +1,682 @@
+package etcd
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// DefaultPrefix is the etcd key prefix under which a Backend keeps its keys
+// when [Options.Prefix] is empty.
+const DefaultPrefix = "sqllock/"
+
+// Options configures a [Backend]. The zero value means the defaults.
+type Options struct {
+	// Prefix is prepended to every etcd key the backend reads or writes
+	// (default [DefaultPrefix]). Backends with different prefixes share
+	// nothing. It must be valid UTF-8 without NUL, at most 256 bytes.
+	Prefix string
+}
+
+// Backend is a [sqllock.Backend] and [sqllock.Watcher] on etcd. It is safe
+// for concurrent use. Create it with [New].
+type Backend struct {
+	cli    *clientv3.Client
+	prefix string
+
+	mu      sync.Mutex            // guards seen, spares, granted
+	seen    map[string]seenRecord // the last token record seen per key; a hint only
+	spares  map[int64][]spare     // keyless etcd leases for reuse, by granted TTL (seconds)
+	granted map[int64]int64       // requested TTL → the TTL etcd granted for it (seconds)
+	watch   watches
+}
+
+// spare is an etcd lease with no key attached: one that this Backend
+// granted for an acquire that was refused, or whose holder key a release
+// deleted. An acquire with the same TTL reuses it with a keep-alive (served
+// by the etcd leader alone) instead of a lease grant (a raft write).
+type spare struct {
+	id  clientv3.LeaseID
+	ttl int64     // seconds, as granted
+	at  time.Time // no later than when its current TTL period began
+}
+
+// maxSpares bounds the spares kept per TTL; past it a spare is left to
+// expire.
+const maxSpares = 256
+
+// seenRecord is what this Backend last saw of a key: the token record's
+// revision and token (so that a grant's transaction can compare and
+// increment without reading first), and whether the key was held then (so
+// that a waiter's next attempt reads before it grants a lease).
+type seenRecord struct {
+	rev   int64 // the token record's mod revision; 0: no record
+	token int64
+	held  bool
+}
+
+// maxSeen bounds the hint cache: past it an arbitrary entry is dropped,
+// which costs that key one extra round trip on its next grant.
+const maxSeen = 8192
+
+var (
+	_ sqllock.Backend = (*Backend)(nil)
+	_ sqllock.Watcher = (*Backend)(nil)
+)
+
+// New returns a Backend that keeps its keys under opts.Prefix in the etcd
+// cluster that cli talks to. It never closes cli. It does no I/O.
+func New(cli *clientv3.Client, opts Options) (*Backend, error) {
+	if cli == nil {
+		return nil, errors.New("sqllock/etcd: nil client")
+	}
+	prefix := cmp.Or(opts.Prefix, DefaultPrefix)
+	if len(prefix) > 256 || !utf8.ValidString(prefix) || strings.IndexByte(prefix, 0) >= 0 {
+		return nil, fmt.Errorf("sqllock/etcd: invalid prefix %q: want valid UTF-8 without NUL, at most 256 bytes", prefix)
+	}
+	b := &Backend{cli: cli, prefix: prefix, seen: make(map[string]seenRecord),
+		spares: make(map[int64][]spare), granted: make(map[int64]int64)}
+	b.watch.b = b
+	return b, nil
+}
+
+// Prefix returns the etcd key prefix the backend uses.
+func (b *Backend) Prefix() string { return b.prefix }
+
+// The etcd keys of lock key k (see the package doc).
+func (b *Backend) tokenKey(k string) string   { return b.prefix + "t/" + k }
+func (b *Backend) holderKey(k string) string  { return b.prefix + "h/" + k }
+func (b *Backend) releaseKey(k string) string { return b.prefix + "r/" + k }
+
+// tokenRecord is the value of <prefix>t/K.
+type tokenRecord struct {
+	Token int64  `json:"token"`
+	Owner string `json:"owner"`
+	Value []byte `json:"value,omitempty"` // base64 in JSON
+}
+
+// releaseRecord is the value of <prefix>r/K.
+type releaseRecord struct {
+	Token int64  `json:"token"`
+	By    string `json:"by"`
+}
+
+// keyState is one key's three etcd keys, read at one revision.
+type keyState struct {
+	rec    tokenRecord
+	recRev int64 // mod revision of the token record; 0 when absent
+	holder *mvccpb.KeyValue
+	rel    releaseRecord
+	relRev int64 // mod revision of the release record; 0 when absent
+}
+
+// released reports whether the current token was released.
+func (s keyState) released() bool { return s.relRev != 0 && s.rel.Token == s.rec.Token }
+
+// held reports whether the current grant is held and unexpired by etcd.
+func (s keyState) held() bool {
+	return s.holder != nil && string(s.holder.Value) == tokenString(s.rec.Token)
+}
+
+// sqllock returns the state as every backend describes it.
+func (s keyState) sqllock() sqllock.KeyState {
+	if s.recRev == 0 {
+		return sqllock.KeyState{}
+	}
+	ks := sqllock.KeyState{Found: true, Token: s.rec.Token, Held: !s.released(), Owner: s.rec.Owner}
+	if s.released() {
+		ks.Owner = s.rel.By
+	} else {
+		ks.Expired = !s.held()
+	}
+	return ks
+}
+
+func (s keyState) seen() seenRecord {
+	return seenRecord{rev: s.recRev, token: s.rec.Token, held: s.held()}
+}
+
+// readOps are the operations that read a key's state, in the order
+// parseState expects.
+func (b *Backend) readOps(key string) []clientv3.Op {
+	return []clientv3.Op{
+		clientv3.OpGet(b.tokenKey(key)),
+		clientv3.OpGet(b.holderKey(key)),
+		clientv3.OpGet(b.releaseKey(key)),
+	}
+}
+
+func parseState(key string, rs []*etcdserverpb.ResponseOp) (keyState, error) {
+	var s keyState
+	if len(rs) != 3 {
+		return s, fmt.Errorf("sqllock/etcd: %q: %d responses to a state read, want 3", key, len(rs))
+	}
+	if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		if err := json.Unmarshal(kvs[0].Value, &s.rec); err != nil {
+			return s, fmt.Errorf("sqllock/etcd: %q: corrupt token record %q: %w", key, kvs[0].Value, err)
+		}
+		s.recRev = kvs[0].ModRevision
+	}
+	if kvs := rs[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		s.holder = kvs[0]
+	}
+	if kvs := rs[2].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		if err := json.Unmarshal(kvs[0].Value, &s.rel); err != nil {
+			return s, fmt.Errorf("sqllock/etcd: %q: corrupt release record %q: %w", key, kvs[0].Value, err)
+		}
+		s.relRev = kvs[0].ModRevision
+	}
+	return s, nil
+}
+
+// read reads key's state in one linearizable, read-only transaction.
+func (b *Backend) read(ctx context.Context, o op, key string) (keyState, error) {
+	resp, err := b.cli.Txn(ctx).Then(b.readOps(key)...).Commit()
+	if err != nil {
+		return keyState{}, translate(ctx, o.read(), key, err)
+	}
+	s, err := parseState(key, resp.Responses)
+	if err == nil {
+		b.remember(key, s.seen())
+	}
+	return s, err
+}
+
+func (b *Backend) remember(key string, s seenRecord) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.seen[key]; !ok && len(b.seen) >= maxSeen {
+		for k := range b.seen {
+			delete(b.seen, k)
+			break
+		}
+	}
+	b.seen[key] = s
+}
+
+func (b *Backend) recall(key string) seenRecord {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.seen[key]
+}
+
+// cloneValue is v, nil when empty: a value is nil for none.
+func cloneValue(v []byte) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return append([]byte(nil), v...)
+}
+
+// tokenString is a token as the holder key's value.
+func tokenString(token int64) string { return strconv.FormatInt(token, 10) }
+
+// ttlSeconds rounds ttl up to whole seconds: etcd's lease resolution.
+func ttlSeconds(ttl time.Duration) int64 {
+	return int64((ttl + time.Second - 1) / time.Second)
+}
+
+// maxAttempts bounds a grant's transactions when the token record keeps
+// changing under it (grants and releases by others between two attempts).
+const maxAttempts = 8
+
+// TryAcquire implements [sqllock.Backend]. A grant costs a lease grant and
+// one transaction (see the package doc for the other cases).
+func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sqllock.Lease{}, notSent(opAcquire, req.Key, err)
+	}
+	seen := b.recall(req.Key)
+	if seen.held {
+		// A waiter polls a key it saw held: read first, so that a refused
+		// attempt writes nothing (no lease grant, no transaction).
+		s, err := b.read(ctx, opAcquire, req.Key)
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		if s.held() && s.rec.Owner != req.Owner {
+			return sqllock.Lease{}, b.refusal(ctx, req.Key, s)
+		}
+		seen = s.seen()
+	}
+	sent := time.Now()
+	grant, err := b.etcdLease(ctx, req.Key, ttlSeconds(req.TTL), sent)
+	if err != nil {
+		return sqllock.Lease{}, err
+	}
+	lease := sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: sent, Deadline: sent.Add(time.Duration(grant.ttl) * time.Second)}
+	for range maxAttempts {
+		if seen.token == math.MaxInt64 {
+			return b.exhausted(ctx, lease, grant)
+		}
+		token := seen.token + 1
+		rec, err := json.Marshal(tokenRecord{Token: token, Owner: req.Owner, Value: req.Value})
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		if err := ctx.Err(); err != nil {
+			return sqllock.Lease{}, notSent(opAcquire, req.Key, err)
+		}
+		resp, err := b.cli.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(b.holderKey(req.Key)), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(b.tokenKey(req.Key)), "=", seen.rev),
+		).Then(
+			clientv3.OpPut(b.tokenKey(req.Key), string(rec)),
+			clientv3.OpPut(b.holderKey(req.Key), tokenString(token), clientv3.WithLease(grant.id)),
+		).Else(b.readOps(req.Key)...).Commit()
+		if err != nil {
+			return sqllock.Lease{}, translate(ctx, opAcquire, req.Key, err)
+		}
+		if resp.Succeeded {
+			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token})
+			lease.Token, lease.Value = token, cloneValue(req.Value)
+			return lease, nil
+		}
+		s, err := parseState(req.Key, resp.Responses)
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		b.remember(req.Key, s.seen())
+		if s.held() {
+			if s.rec.Owner == req.Owner {
+				return b.regrant(ctx, lease, s, grant)
+			}
+			b.putSpare(grant)
+			return sqllock.Lease{}, b.refusal(ctx, req.Key, s)
+		}
+		// Free, but the token record changed since this Backend saw it:
+		// try again on the record just read.
+		seen = s.seen()
+	}
+	b.putSpare(grant)
+	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the key changed under %d attempts in a row", req.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+// exhausted answers an acquire of a key whose token reached the largest
+// int64: refused if held by another, the same grant for its own repeat,
+// else ErrTokenExhausted.
+func (b *Backend) exhausted(ctx context.Context, lease sqllock.Lease, sp spare) (sqllock.Lease, error) {
+	s, err := b.read(ctx, opAcquire, lease.Key)
+	if err == nil && s.held() && s.rec.Owner == lease.Owner {
+		return b.regrant(ctx, lease, s, sp)
+	}
+	b.putSpare(sp)
+	switch {
+	case err != nil:
+		return sqllock.Lease{}, err
+	case s.held():
+		return sqllock.Lease{}, b.refusal(ctx, lease.Key, s)
+	case s.rec.Token < math.MaxInt64:
+		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the token record changed; try again", lease.Key, sqllock.ErrUnavailable)
+	}
+	return sqllock.Lease{}, sqllock.ErrTokenExhausted
+}
+
+// regrant answers the repeat of an acquire whose grant is held (its reply
+// was lost): the same token, the holder moved onto the lease just granted,
+// so that its expiry counts from this request.
+func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, sp spare) (sqllock.Lease, error) {
+	token := tokenString(s.rec.Token)
+	resp, err := b.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.Value(b.holderKey(lease.Key)), "=", token),
+		clientv3.Compare(clientv3.ModRevision(b.tokenKey(lease.Key)), "=", s.recRev),
+	).Then(
+		clientv3.OpPut(b.holderKey(lease.Key), token, clientv3.WithLease(sp.id)),
+	).Else(b.readOps(lease.Key)...).Commit()
+	if err != nil {
+		return sqllock.Lease{}, translate(ctx, opAcquire, lease.Key, err)
+	}
+	if !resp.Succeeded {
+		// The grant ended between the two transactions: this acquire's
+		// outcome is settled as not granted; a new attempt decides anew.
+		b.putSpare(sp)
+		s, err := parseState(lease.Key, resp.Responses)
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		if s.held() {
+			return sqllock.Lease{}, b.refusal(ctx, lease.Key, s)
+		}
+		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the earlier grant of this acquire ended while it was repeated; try again", lease.Key, sqllock.ErrUnavailable)
+	}
+	lease.Token, lease.Value = s.rec.Token, cloneValue(s.rec.Value)
+	return lease, nil
+}
+
+// etcdLease returns an etcd lease for a grant of sec seconds, whose TTL
+// period begins after sent: a spare renewed with a keep-alive when one of
+// the TTL etcd grants for sec is at hand, else a new grant.
+func (b *Backend) etcdLease(ctx context.Context, key string, sec int64, sent time.Time) (spare, error) {
+	for {
+		sp, ok := b.takeSpare(sec)
+		if !ok {
+			break
+		}
+		ka, err := b.cli.KeepAliveOnce(ctx, sp.id)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			continue // expired while unused
+		}
+		if err != nil {
+			return spare{}, translate(ctx, opGrant, key, err)
+		}
+		if ka.TTL != sp.ttl {
+			continue // not the lease it was taken for; it expires by itself
+		}
+		sp.at = sent
+		return sp, nil
+	}
+	grant, err := b.cli.Grant(ctx, sec)
+	if err != nil {
+		// An unused lease changes nothing and expires by itself.
+		return spare{}, translate(ctx, opGrant, key, err)
+	}
+	b.mu.Lock()
+	b.granted[sec] = grant.TTL
+	b.mu.Unlock()
+	return spare{id: grant.ID, ttl: grant.TTL, at: sent}, nil
+}
+
+// takeSpare takes a spare of the TTL etcd grants for sec seconds that has
+// most likely not expired yet (a second of its TTL left, by this host's
+// clock).
+func (b *Backend) takeSpare(sec int64) (spare, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ttl, ok := b.granted[sec]
+	if !ok {
+		return spare{}, false
+	}
+	for list := b.spares[ttl]; len(list) > 0; list = b.spares[ttl] {
+		sp := list[len(list)-1]
+		b.spares[ttl] = list[:len(list)-1]
+		if time.Since(sp.at) < time.Duration(sp.ttl-1)*time.Second {
+			return sp, true
+		}
+	}
+	return spare{}, false
+}
+
+// putSpare keeps sp, which has no key, for reuse.
+func (b *Backend) putSpare(sp spare) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.spares[sp.ttl]) < maxSpares {
+		b.spares[sp.ttl] = append(b.spares[sp.ttl], sp)
+	}
+}
+
+// refusal is the HeldError for state s, with the holder's remaining time
+// from etcd's lease (whole seconds, rounded down; 0 when etcd could not
+// tell).
+func (b *Backend) refusal(ctx context.Context, key string, s keyState) error {
+	he := &sqllock.HeldError{Key: key, Owner: s.rec.Owner, Token: s.rec.Token, Value: cloneValue(s.rec.Value)}
+	he.Remaining = b.remaining(ctx, clientv3.LeaseID(s.holder.Lease))
+	return he
+}
+
+// remaining is the time left on etcd lease id: whole seconds, rounded
+// down, and at least a millisecond (a lease with less than a second left
+// is still held); 0 when etcd could not tell.
+func (b *Backend) remaining(ctx context.Context, id clientv3.LeaseID) time.Duration {
+	ttl, err := b.cli.TimeToLive(ctx, id)
+	if err != nil || ttl.TTL < 0 {
+		return 0
+	}
+	return max(time.Duration(ttl.TTL)*time.Second, time.Millisecond)
+}
+
+// revoke ends an etcd lease this Backend granted and did not use. It is
+// best effort and bounded: a lease left behind has no keys and expires by
+// itself.
+func (b *Backend) revoke(ctx context.Context, id clientv3.LeaseID) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_, _ = b.cli.Revoke(rctx, id)
+}
+
+// TryRenew implements [sqllock.Backend]: a read-only transaction checks
+// that l holds its key, then a keep-alive restarts the etcd lease's TTL. A
+// TTL longer than the etcd lease was granted with gets a new etcd lease
+// instead, moved under the holder in a transaction that compares the token.
+func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := sqllock.ValidateTTL(ttl); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sqllock.Lease{}, notSent(opRenew, l.Key, err)
+	}
+	token := tokenString(l.Token)
+	resp, err := b.cli.Txn(ctx).If(b.holds(l)).Then(
+		clientv3.OpGet(b.holderKey(l.Key)),
+	).Else(b.readOps(l.Key)...).Commit()
+	if err != nil {
+		return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
+	}
+	if !resp.Succeeded {
+		return sqllock.Lease{}, b.loss(l, resp.Responses)
+	}
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) != 1 {
+		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: holder read returned %d keys", l.Key, sqllock.ErrUnavailable, len(kvs))
+	}
+	id := clientv3.LeaseID(kvs[0].Lease)
+	want := ttlSeconds(ttl)
+	sent := time.Now()
+	ka, err := b.cli.KeepAliveOnce(ctx, id)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// The etcd lease expired after the check: so did l.
+		return sqllock.Lease{}, b.lossAfter(ctx, l, sqllock.LostExpired)
+	}
+	if err != nil {
+		return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
+	}
+	if ka.TTL >= want {
+		l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(ka.TTL)*time.Second)
+		return l, nil
+	}
+	// A longer TTL than the etcd lease has: a new etcd lease.
+	sent = time.Now()
+	grant, err := b.cli.Grant(ctx, want)
+	if err != nil {
+		return sqllock.Lease{}, translate(ctx, opGrant, l.Key, err)
+	}
+	mresp, err := b.cli.Txn(ctx).If(
+		b.holds(l),
+		clientv3.Compare(clientv3.LeaseValue(b.holderKey(l.Key)), "=", id),
+	).Then(
+		clientv3.OpPut(b.holderKey(l.Key), token, clientv3.WithLease(grant.ID)),
+	).Else(b.readOps(l.Key)...).Commit()
+	if err != nil {
+		// A renew keeps the token: repeating it is safe, so its unknown
+		// outcome is merely unavailable.
+		return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
+	}
+	if !mresp.Succeeded {
+		b.revoke(ctx, grant.ID)
+		if lost := b.loss(l, mresp.Responses); lost != nil {
+			return sqllock.Lease{}, lost
+		}
+		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: the lease changed during the renewal; try again", l.Key, sqllock.ErrUnavailable)
+	}
+	b.revoke(ctx, id) // the old etcd lease has no key left
+	l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(grant.TTL)*time.Second)
+	return l, nil
+}
+
+// loss is why l is not valid in the state that an Else branch read.
+func (b *Backend) loss(l sqllock.Lease, rs []*etcdserverpb.ResponseOp) error {
+	s, err := parseState(l.Key, rs)
+	if err != nil {
+		return err
+	}
+	b.remember(l.Key, s.seen())
+	if lost := s.sqllock().Loss(l); lost != nil {
+		return lost
+	}
+	// The compare failed, yet the state shows l held: only possible when
+	// the holder's value is not the record's token, which no grant writes.
+	return fmt.Errorf("sqllock/etcd: %q: holder %q does not match token record %d", l.Key, s.holder.Value, s.rec.Token)
+}
+
+// lossAfter reads why l was lost, after etcd said that its lease is gone;
+// if the read fails it reports fallback.
+func (b *Backend) lossAfter(ctx context.Context, l sqllock.Lease, fallback sqllock.LostReason) error {
+	if s, err := b.read(ctx, opRenew, l.Key); err == nil {
+		if lost := s.sqllock().Loss(l); lost != nil {
+			return lost
+		}
+	}
+	return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: fallback}
+}
+
+// Release implements [sqllock.Backend]: one transaction that deletes the
+// holder and records who released, iff l's token holds the key.
+func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return notSent(opRelease, l.Key, err)
+	}
+	rel, err := json.Marshal(releaseRecord{Token: l.Token, By: l.Owner})
+	if err != nil {
+		return err
+	}
+	resp, err := b.cli.Txn(ctx).If(
+		b.holds(l),
+	).Then(
+		clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
+		clientv3.OpPut(b.releaseKey(l.Key), string(rel)),
+	).Else(b.readOps(l.Key)...).Commit()
+	if err != nil {
+		return translate(ctx, opRelease, l.Key, err)
+	}
+	if resp.Succeeded {
+		// The etcd lease is left without a key: kept for reuse (its TTL
+		// period began no earlier than l's BackendTime), else it expires
+		// by itself; a revoke would cost a raft write for nothing.
+		if prev := resp.Responses[0].GetResponseDeleteRange().GetPrevKvs(); len(prev) == 1 && prev[0].Lease != 0 {
+			if ttl := l.Deadline.Sub(l.BackendTime); ttl > 0 && ttl%time.Second == 0 && !l.BackendTime.IsZero() {
+				b.putSpare(spare{id: clientv3.LeaseID(prev[0].Lease), ttl: int64(ttl / time.Second), at: l.BackendTime})
+			}
+		}
+		return nil
+	}
+	for range maxAttempts {
+		s, err := parseState(l.Key, resp.Responses)
+		if err != nil {
+			return err
+		}
+		ks := s.sqllock()
+		if ks.ReleasedByOwner(l) {
+			return nil // a repeat by the owner that released
+		}
+		lost := ks.Loss(l)
+		if lost == nil || lost.Reason != sqllock.LostExpired {
+			return lostOrNil(lost)
+		}
+		// Expired, token current: record the release all the same (as
+		// every backend clears the row), so that a repeat is nil.
+		resp, err = b.cli.Txn(ctx).If(
+			clientv3.Compare(clientv3.ModRevision(b.tokenKey(l.Key)), "=", s.recRev),
+			clientv3.Compare(clientv3.CreateRevision(b.holderKey(l.Key)), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(b.releaseKey(l.Key)), "=", s.relRev),
+		).Then(
+			clientv3.OpPut(b.releaseKey(l.Key), string(rel)),
+		).Else(b.readOps(l.Key)...).Commit()
+		if err != nil {
+			return translate(ctx, opRelease, l.Key, err)
+		}
+		if resp.Succeeded {
+			return lost
+		}
+	}
+	return fmt.Errorf("sqllock/etcd: release %q: %w: the key changed under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+func lostOrNil(lost *sqllock.LostError) error {
+	if lost == nil {
+		return nil
+	}
+	return lost
+}
+
+// List implements [sqllock.Backend]: one read-only transaction reads the
+// three key ranges at one revision; each held key's remaining time is one
+// more round trip (etcd's lease time-to-live).
+func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
+	if err := sqllock.ValidatePrefix(prefix); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, notSent(opList, prefix, err)
+	}
+	resp, err := b.cli.Txn(ctx).Then(
+		clientv3.OpGet(b.tokenKey(prefix), clientv3.WithPrefix()),
+		clientv3.OpGet(b.holderKey(prefix), clientv3.WithPrefix()),
+		clientv3.OpGet(b.releaseKey(prefix), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, translate(ctx, opList, prefix, err)
+	}
+	holders := make(map[string]*mvccpb.KeyValue)
+	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
+		holders[strings.TrimPrefix(string(kv.Key), b.holderKey(""))] = kv
+	}
+	releases := make(map[string]releaseRecord)
+	for _, kv := range resp.Responses[2].GetResponseRange().GetKvs() {
+		var r releaseRecord
+		if err := json.Unmarshal(kv.Value, &r); err != nil {
+			return nil, fmt.Errorf("sqllock/etcd: corrupt release record %q: %w", kv.Key, err)
+		}
+		releases[strings.TrimPrefix(string(kv.Key), b.releaseKey(""))] = r
+	}
+	var out []sqllock.LockInfo
+	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
+		key := strings.TrimPrefix(string(kv.Key), b.tokenKey(""))
+		var s keyState
+		if err := json.Unmarshal(kv.Value, &s.rec); err != nil {
+			return nil, fmt.Errorf("sqllock/etcd: corrupt token record %q: %w", kv.Key, err)
+		}
+		s.recRev = kv.ModRevision
+		s.holder = holders[key]
+		if r, ok := releases[key]; ok {
+			s.rel, s.relRev = r, 1
+		}
+		ks := s.sqllock()
+		info := sqllock.LockInfo{Key: key, Token: ks.Token, Owner: ks.Owner, Value: cloneValue(s.rec.Value)}
+		if s.held() {
+			now := time.Now()
+			info.Held = true
+			info.Remaining = b.remaining(ctx, clientv3.LeaseID(s.holder.Lease))
+			info.Deadline = now.Add(info.Remaining)
+		}
+		out = append(out, info)
+	}
+	// etcd returns keys in byte order, which is the order of the suffixes
+	// too; sort all the same, as the contract says key order.
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}

@@ -1,0 +1,71 @@
+package etcd
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ashlock/ashlock/dialect/etcd/internal/etcdtest"
+	"github.com/ashlock/ashlock/internal/testkit/leakcheck"
+)
+
+func TestMain(m *testing.M) {
+	code := etcdtest.Main(m)
+	// Every client is closed and every watch stopped by t.Cleanup: no
+	// goroutine of the backend or of the etcd client may be left.
+	os.Exit(leakcheck.Check(code))
+}
+
+// testBundle is one test's client of the shared etcd and a Backend under a
+// prefix of its own.
+type testBundle struct {
+	cli     *clientv3.Client
+	backend *Backend
+}
+
+func newBundle(t testing.TB) *testBundle {
+	t.Helper()
+	cli := etcdtest.Client(t)
+	b, err := New(cli, Options{Prefix: etcdtest.Prefix(t, cli)})
+	require.NoError(t, err)
+	return &testBundle{cli: cli, backend: b}
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// expire ends key's etcd lease now, as etcd's expiry would: the holder key
+// goes, the token record stays.
+func expire(t testing.TB, b *Backend, key string) {
+	t.Helper()
+	resp, err := b.cli.Get(testCtx(t), b.holderKey(key))
+	require.NoError(t, err)
+	if len(resp.Kvs) == 0 {
+		return
+	}
+	_, err = b.cli.Revoke(testCtx(t), clientv3.LeaseID(resp.Kvs[0].Lease))
+	require.NoError(t, err)
+}
+
+// setToken makes key exist, released, at token.
+func setToken(t testing.TB, b *Backend, key string, token int64) {
+	t.Helper()
+	rec, err := json.Marshal(tokenRecord{Token: token, Owner: "settoken"})
+	require.NoError(t, err)
+	rel, err := json.Marshal(releaseRecord{Token: token, By: "settoken"})
+	require.NoError(t, err)
+	_, err = b.cli.Txn(testCtx(t)).Then(
+		clientv3.OpPut(b.tokenKey(key), string(rec)),
+		clientv3.OpDelete(b.holderKey(key)),
+		clientv3.OpPut(b.releaseKey(key), string(rel)),
+	).Commit()
+	require.NoError(t, err)
+}

@@ -1,0 +1,432 @@
+package sqllock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Observer receives what a [Client] does, as typed events: one optional
+// func per kind, called synchronously on the goroutine that did the work
+// (the caller of an acquire or Release, the Guard's renewal goroutine, the
+// local-deadline timer). A nil func skips its kind; a nil *Observer, the
+// default, costs nothing: no event is built and nothing is allocated.
+//
+// The funcs must be safe for concurrent use and must not block: a slow
+// Renew func delays the next renewal. Events carry the key and the lease's
+// owner; the observer decides what to keep (keys and owners are unbounded,
+// so a metric should not use them as attributes, while a span or a log
+// record may). Package otelsqllock turns events into OpenTelemetry metrics
+// and spans.
+//
+// The ctx of an acquire event is the context passed to the acquire; that
+// of a Guard's events (renewal, release, loss, start and end) is
+// [Guard.Context], which carries the values of the acquire's context (a
+// trace span, say) and may already be cancelled.
+type Observer struct {
+	// AcquireAttempt: one acquire request answered by the backend (or
+	// failed), from TryAcquire, Acquire (each attempt) or Do.
+	AcquireAttempt func(ctx context.Context, e AcquireAttemptEvent)
+	// Acquire: a TryAcquire or Acquire call has ended: its total time
+	// (for Acquire, the wait), its attempts and its outcome. Calls refused
+	// before any I/O (invalid input, a closed Client) are not reported.
+	Acquire func(ctx context.Context, e AcquireEvent)
+	// Renew: one renewal answered by the backend (or failed), from the
+	// watchdog or [Guard.Renew].
+	Renew func(ctx context.Context, e RenewEvent)
+	// Release: a Guard's release has ended (Release, Do, Close, or the
+	// release after the acquire's context ended). Each Guard releases once.
+	Release func(ctx context.Context, e ReleaseEvent)
+	// Lost: the Guard's lease was lost, found by a renewal, at the local
+	// deadline, or by the release (a forced release or an expiry since the
+	// last renewal). At most once per Guard.
+	Lost func(ctx context.Context, e LostEvent)
+	// GuardStart: a Guard was handed out; GuardEnd: it stopped holding the
+	// lease (released, lost, or its acquire context ended). Exactly one
+	// GuardEnd follows each GuardStart, so the two count the leases held.
+	GuardStart func(ctx context.Context, e GuardEvent)
+	GuardEnd   func(ctx context.Context, e GuardEvent)
+}
+
+// Outcome classifies how an operation ended, in a few stable words fit for
+// a metric attribute ([Outcome.String]).
+type Outcome uint8
+
+// The outcomes. Each event's doc says which it can have.
+const (
+	OutcomeGranted  Outcome = iota + 1 // an acquire took the key
+	OutcomeHeld                        // the key is held by another (ErrNotAcquired)
+	OutcomeRenewed                     // a renewal extended the lease
+	OutcomeReleased                    // released by its holder
+	OutcomeLost                        // the lease was lost (ErrLeaseLost)
+	// OutcomeLate: a renewal succeeded at the backend after the local
+	// deadline had passed; the Guard is lost all the same.
+	OutcomeLate
+	OutcomeCanceled      // the caller's context (or a Release) ended it
+	OutcomeTimeout       // a deadline ended it: AcquireOptions.Wait, a context deadline, or the local deadline for a renewal
+	OutcomeIndeterminate // the reply was lost (ErrIndeterminate)
+	OutcomeUnavailable   // a transient backend failure (ErrUnavailable)
+	OutcomeError         // any other error
+)
+
+var outcomeNames = [...]string{
+	OutcomeGranted:       "granted",
+	OutcomeHeld:          "held",
+	OutcomeRenewed:       "renewed",
+	OutcomeReleased:      "released",
+	OutcomeLost:          "lost",
+	OutcomeLate:          "late",
+	OutcomeCanceled:      "canceled",
+	OutcomeTimeout:       "timeout",
+	OutcomeIndeterminate: "indeterminate",
+	OutcomeUnavailable:   "unavailable",
+	OutcomeError:         "error",
+}
+
+// String returns the outcome as one lower-case word: granted, held,
+// renewed, released, lost, late, canceled, timeout, indeterminate,
+// unavailable, error.
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) && outcomeNames[o] != "" {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// outcomeOf classifies err; ok is the outcome of a nil error.
+func outcomeOf(err error, ok Outcome) Outcome {
+	switch {
+	case err == nil:
+		return ok
+	case errors.Is(err, errRenewTooLate):
+		return OutcomeLate
+	case errors.Is(err, ErrLeaseLost):
+		return OutcomeLost
+	case errors.Is(err, ErrIndeterminate):
+		return OutcomeIndeterminate
+	case errors.Is(err, ErrUnavailable):
+		return OutcomeUnavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		return OutcomeTimeout
+	case errors.Is(err, context.Canceled), errors.Is(err, ErrReleased):
+		return OutcomeCanceled
+	case errors.Is(err, ErrNotAcquired):
+		return OutcomeHeld
+	}
+	return OutcomeError
+}
+
+// AcquireAttemptEvent is one acquire request.
+type AcquireAttemptEvent struct {
+	Key     string
+	Owner   string // the lease owner this call uses (unique per call)
+	Backend string // Options.BackendName
+	// Token is the granted token, or the holder's when held and the
+	// backend told it; else 0.
+	Token int64
+	// Outcome: granted, held, indeterminate, unavailable, canceled,
+	// timeout or error.
+	Outcome  Outcome
+	Start    time.Time     // just before the request was sent
+	Duration time.Duration // until the reply (or the error)
+	// Settle is set for a repeat of an indeterminate attempt, made to learn
+	// whether it was applied (see [Client.TryAcquire]).
+	Settle bool
+	Err    error // nil when granted
+}
+
+// AcquireEvent is the end of a TryAcquire or Acquire call (Do calls
+// Acquire).
+type AcquireEvent struct {
+	Key     string
+	Owner   string
+	Backend string
+	Token   int64 // the granted token, else 0
+	// Wait is set for Acquire, which waits; TryAcquire makes one attempt.
+	Wait bool
+	// Attempts is the number of acquire requests the call made, not
+	// counting the repeats that settle an indeterminate one.
+	Attempts int
+	// Outcome: granted, held (TryAcquire), timeout (AcquireOptions.Wait or
+	// the context's deadline ended the wait), canceled, lost (granted too
+	// late to use: the reply came after the local deadline),
+	// indeterminate, unavailable or error.
+	Outcome  Outcome
+	Start    time.Time     // when the call began
+	Duration time.Duration // the whole call: for Acquire, the time waited
+	Err      error
+}
+
+// RenewEvent is one renewal.
+type RenewEvent struct {
+	Key     string
+	Owner   string
+	Backend string
+	Token   int64
+	// Outcome: renewed, late, lost, unavailable, indeterminate, timeout
+	// (no reply before the local deadline), canceled (the Guard was
+	// released meanwhile) or error.
+	Outcome  Outcome
+	Start    time.Time     // just before the request was sent
+	Duration time.Duration // the round trip
+	// Slack is how much time the local deadline had left when the reply
+	// arrived: the local deadline in force when the renewal was sent,
+	// minus the time of the reply. It shrinks as renewals slow down and is
+	// negative for a reply after the local deadline.
+	Slack time.Duration
+	Err   error // the backend's error; nil when renewed or late
+}
+
+// ReleaseEvent is the release of a Guard's lease.
+type ReleaseEvent struct {
+	Key     string
+	Owner   string
+	Backend string
+	Token   int64
+	// Outcome: released, lost (the lease had ended before: the release
+	// returned ErrLeaseLost), or the backend's failure: unavailable,
+	// indeterminate, timeout, canceled, error (the lease then ends at its
+	// deadline).
+	Outcome  Outcome
+	Start    time.Time     // when the release began
+	Duration time.Duration // the release, retries included (nothing is sent for a lease known taken or released by another)
+	// Held is how long the lease was held: from the acquire request's send
+	// time until the Guard stopped holding it (the release began, or the
+	// lease was lost before).
+	Held time.Duration
+	Err  error
+}
+
+// LostEvent is the loss of a Guard's lease.
+type LostEvent struct {
+	Key     string
+	Owner   string
+	Backend string
+	Token   int64
+	Reason  LostReason // [LostReason.Name] is its one-word name
+	// Held is the time from the acquire request's send time to the loss.
+	Held time.Duration
+	Err  *LostError
+}
+
+// GuardEvent is a Guard's start or end.
+type GuardEvent struct {
+	Key     string
+	Owner   string
+	Backend string
+	Token   int64
+	Start   time.Time // the acquire request's send time
+	// The fields below are set for GuardEnd only.
+
+	// Outcome: released (by Release, Do or Close), lost, or canceled (the
+	// acquire's context ended and the lease was released on its behalf).
+	Outcome Outcome
+	// Held is the time from Start until the Guard stopped holding the lease.
+	Held time.Duration
+	// Err is why the Guard ended: the [*LostError] of a loss, else
+	// [Guard.Err] ([ErrReleased] or the acquire context's cause).
+	Err error
+}
+
+// backendName is the default of Options.BackendName: the package name of
+// b's type ("postgres" for a *postgres.Backend).
+func backendName(b Backend) string {
+	t := strings.TrimLeft(fmt.Sprintf("%T", b), "*[]")
+	if i := strings.LastIndexByte(t, '.'); i >= 0 {
+		t = t[:i]
+	}
+	if i := strings.LastIndexByte(t, '/'); i >= 0 {
+		t = t[i+1:]
+	}
+	return t
+}
+
+// attempt sends one acquire request and reports it.
+func (c *Client) attempt(ctx context.Context, req AcquireRequest, settle bool) (Lease, time.Time, error) {
+	sent := time.Now()
+	l, err := c.b.TryAcquire(ctx, req)
+	if o := c.opts.Observer; o != nil && o.AcquireAttempt != nil {
+		e := AcquireAttemptEvent{
+			Key: req.Key, Owner: req.Owner, Backend: c.opts.BackendName, Token: l.Token,
+			Outcome: outcomeOf(err, OutcomeGranted), Start: sent, Duration: time.Since(sent),
+			Settle: settle, Err: err,
+		}
+		if he, ok := errors.AsType[*HeldError](err); ok {
+			e.Token = he.Token
+		}
+		o.AcquireAttempt(ctx, e)
+	}
+	return l, sent, err
+}
+
+// observeAcquire reports the end of a TryAcquire or Acquire call that
+// began at start; it runs deferred, reading the call's results.
+// A nil attempts means one (TryAcquire).
+func (c *Client) observeAcquire(ctx context.Context, req *AcquireRequest, wait bool, start time.Time, attempts *int, g **Guard, err *error) {
+	o := c.opts.Observer
+	if o == nil || o.Acquire == nil {
+		return
+	}
+	n := 1
+	if attempts != nil {
+		n = *attempts
+	}
+	e := AcquireEvent{
+		Key: req.Key, Owner: req.Owner, Backend: c.opts.BackendName, Wait: wait, Attempts: n,
+		Outcome: outcomeOf(*err, OutcomeGranted), Start: start, Duration: time.Since(start), Err: *err,
+	}
+	if *g != nil {
+		e.Token = (*g).token
+	}
+	o.Acquire(ctx, e)
+}
+
+// guardObs is a Guard's state for its events, allocated only when the
+// Client has an Observer (a Guard without one stays as small as before).
+type guardObs struct {
+	// Set before the Guard is shared, then read-only.
+	start time.Time // the acquire request's send time
+	owner string    // the lease's owner (g.lease is guarded by g.mu)
+
+	mu    sync.Mutex    // guards ended and held
+	ended bool          // the Guard stopped holding its lease (GuardEnd is reported once)
+	held  time.Duration // how long it held it; set with ended
+}
+
+// heldFor returns how long the Guard held its lease (after markEnded).
+func (g *Guard) heldFor() time.Duration {
+	g.obs.mu.Lock()
+	defer g.obs.mu.Unlock()
+	return g.obs.held
+}
+
+func (g *Guard) event() GuardEvent {
+	return GuardEvent{Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token, Start: g.obs.start}
+}
+
+// observeStart reports a new Guard whose acquire request was sent at
+// sent; it runs before the Guard is shared.
+func (g *Guard) observeStart(sent time.Time) {
+	o := g.c.opts.Observer
+	if o == nil {
+		return
+	}
+	g.obs = &guardObs{start: sent, owner: g.lease.Owner}
+	if o.GuardStart != nil {
+		o.GuardStart(g.ctx, g.event())
+	}
+}
+
+// markEnded marks the Guard ended at at, once: it returns false if it had
+// already ended. Held is then readable.
+func (g *Guard) markEnded(at time.Time) bool {
+	if g.obs == nil {
+		return false
+	}
+	g.obs.mu.Lock()
+	defer g.obs.mu.Unlock()
+	if g.obs.ended {
+		return false
+	}
+	g.obs.ended, g.obs.held = true, at.Sub(g.obs.start)
+	return true
+}
+
+// observeEnd reports GuardEnd, after markEnded.
+func (g *Guard) observeEnd(outcome Outcome, err error) {
+	if o := g.c.opts.Observer; o != nil && o.GuardEnd != nil {
+		e := g.event()
+		e.Outcome, e.Held, e.Err = outcome, g.heldFor(), err
+		o.GuardEnd(g.ctx, e)
+	}
+}
+
+// observeRenew reports a renewal sent at sent and answered at replied
+// with the backend's error berr, while local was the local deadline; final
+// points to renew's result. It runs deferred.
+func (g *Guard) observeRenew(sent, replied, local time.Time, berr error, final *error) {
+	o := g.c.opts.Observer
+	if o == nil || o.Renew == nil {
+		return
+	}
+	outcome := outcomeOf(berr, OutcomeRenewed)
+	if berr == nil && (errors.Is(*final, errRenewTooLate) || errors.Is(*final, ErrLeaseLost)) {
+		// Renewed at the backend, but the local deadline had passed: the
+		// Guard is (being) lost.
+		outcome = OutcomeLate
+	}
+	o.Renew(g.ctx, RenewEvent{
+		Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token,
+		Outcome: outcome, Start: sent, Duration: replied.Sub(sent), Slack: local.Sub(replied), Err: berr,
+	})
+}
+
+// noteLoss logs and reports the Guard's loss le, just recorded by lose.
+func (g *Guard) noteLoss(le *LostError) {
+	if g.ctx.Err() != nil && context.Cause(g.ctx) == le {
+		g.c.log.WarnContext(g.ctx, "sqllock: lease lost", g.logAttrs("reason", le.Reason.Name(), "err", le.Err)...)
+	}
+	g.observeLost(le, time.Now())
+}
+
+// observeLost reports the loss le, found at at, unless the Guard had
+// ended before: Lost, then GuardEnd.
+func (g *Guard) observeLost(le *LostError, at time.Time) {
+	if !g.markEnded(at) {
+		return
+	}
+	if o := g.c.opts.Observer; o != nil && o.Lost != nil {
+		o.Lost(g.ctx, LostEvent{
+			Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token,
+			Reason: le.Reason, Held: g.heldFor(), Err: le,
+		})
+	}
+	g.observeEnd(OutcomeLost, le)
+}
+
+// observeRelease reports the release that began at start and ended with
+// *err, after the loss it found, if any, and the Guard's end. It runs
+// deferred in releaseBackend.
+func (g *Guard) observeRelease(start time.Time, err *error) {
+	if le, ok := errors.AsType[*LostError](*err); ok {
+		g.observeLost(le, start) // nothing if the loss was reported before
+	}
+	if g.markEnded(start) {
+		outcome := OutcomeReleased
+		if !errors.Is(context.Cause(g.ctx), ErrReleased) {
+			outcome = OutcomeCanceled // the acquire's context ended first
+		}
+		g.observeEnd(outcome, g.Err())
+	}
+	if o := g.c.opts.Observer; o != nil && o.Release != nil {
+		o.Release(g.ctx, ReleaseEvent{
+			Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token,
+			Outcome: outcomeOf(*err, OutcomeReleased), Start: start, Duration: time.Since(start),
+			Held: g.heldFor(), Err: *err,
+		})
+	}
+}
+
+// logAttrs returns the Guard's stable log attributes followed by more.
+func (g *Guard) logAttrs(more ...any) []any {
+	return append([]any{"key", g.key, "token", g.token, "owner", g.Lease().Owner, "backend", g.c.opts.BackendName}, more...)
+}
+
+// logRenewFailure logs a transient renewal failure, which the watchdog
+// retries.
+func (g *Guard) logRenewFailure(attempt int, err error) {
+	if g.c.log.Enabled(g.ctx, slog.LevelDebug) {
+		g.c.log.DebugContext(g.ctx, "sqllock: renewal failed, retrying", g.logAttrs("attempt", attempt, "err", err)...)
+	}
+}
+
+// logReleaseFailure logs a release that failed; the lease then ends at its
+// deadline.
+func (c *Client) logReleaseFailure(ctx context.Context, l Lease, err error) {
+	c.log.WarnContext(ctx, "sqllock: release failed; the lease ends at its deadline",
+		"key", l.Key, "token", l.Token, "owner", l.Owner, "backend", c.opts.BackendName, "err", err)
+}
