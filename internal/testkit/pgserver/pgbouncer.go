@@ -214,6 +214,7 @@ func (b *PgBouncer) Start() error {
 	cmd.Dir = b.Dir
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	dieWithParent(cmd.SysProcAttr)
 	if b.cred != nil {
 		cmd.SysProcAttr.Credential = b.cred
 	}
