@@ -565,5 +565,11 @@ func TestObserverAllocatesNothing(t *testing.T) {
 	}
 	none, with := least(nil), least(noop)
 	t.Logf("allocs per TryAcquire+Renew+Release+refused TryAcquire: %.0f without an observer, %.0f with one", none, with)
+	if raceEnabled {
+		// sync.Pool drops items at random under the race detector: only
+		// the bound holds there. .ci/run runs this test without -race too.
+		require.LessOrEqual(t, with, none+1, "one Guard: at most one allocation for its events' state")
+		return
+	}
 	require.Equal(t, none+1, with, "one Guard: one allocation for its events' state, none for the events")
 }
