@@ -23,8 +23,8 @@
 //   - There are no callbacks: the function is called once per term, in
 //     order, never concurrently; nothing reports the end of a term that did
 //     not start.
-//   - [Election.Observe] reports "no leader" too, and never a term lower
-//     than one it reported.
+//   - [Election.Observe] reports "no leader" too, never a term lower
+//     than one it reported, and never an ended term as led again.
 package election
 
 import (
@@ -179,7 +179,19 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 	}
 	parent, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, cancel)
-	g, err := e.c.Acquire(parent, e.key, &sqllock.AcquireOptions{TTL: e.cfg.TTL, Value: e.cfg.Value})
+	var (
+		g   *sqllock.Guard
+		err error
+	)
+	for {
+		g, err = e.c.Acquire(parent, e.key, &sqllock.AcquireOptions{TTL: e.cfg.TTL, Value: e.cfg.Value})
+		// A grant whose reply came after its local deadline is of no use
+		// and the Client has released it (a *LostError): that is a
+		// campaign to run again, not a reason to stop campaigning.
+		if err == nil || !errors.Is(err, sqllock.ErrLeaseLost) || parent.Err() != nil {
+			break
+		}
+	}
 	if !stop() {
 		// ctx ended during the campaign (and cancelled parent): a grant
 		// that came just before is not handed out.
@@ -228,6 +240,8 @@ func (e *Election) Run(ctx context.Context, fn func(ctx context.Context, t Term)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
+		case lost && mutantOn(mutantRunReturnsOnLoss):
+			return errors.Join(ferr, rerr)
 		case lost:
 			failures++
 			if e.sleep(ctx, failures) != nil {
@@ -244,7 +258,11 @@ func (e *Election) Run(ctx context.Context, fn func(ctx context.Context, t Term)
 // lead runs fn for the term l, then resigns. lost reports whether the term
 // had ended (by a loss) before fn returned.
 func (e *Election) lead(ctx context.Context, l *Leadership, fn func(context.Context, Term) error) (lost bool, ferr, rerr error) {
-	fctx, fcancel := context.WithCancelCause(l.Context())
+	parent := l.Context()
+	if mutantOn(mutantLeadPastDeadline) {
+		parent = ctx
+	}
+	fctx, fcancel := context.WithCancelCause(parent)
 	stop := context.AfterFunc(ctx, func() { fcancel(context.Cause(ctx)) })
 	defer func() {
 		// After fn has returned (or panicked): never release under it.
@@ -305,8 +323,9 @@ func (e *Election) observe(ctx context.Context) (Observation, error) {
 // each time it changes (a new term, or leader / no leader), starting with
 // the state now. It reads the state when the backend signals a release of
 // the key and every PollInterval, and never reports a term lower than one it
-// has reported. Read errors are not reported; the next read tries again.
-// The channel is closed when ctx ends.
+// has reported, nor a term as led again once it reported that term ended.
+// Read errors are not reported; the next read tries again. The channel is
+// closed when ctx ends.
 func (e *Election) Observe(ctx context.Context) <-chan Observation {
 	out := make(chan Observation)
 	wake, stopWatch, _ := e.c.Watch(e.key)
@@ -333,6 +352,12 @@ func (e *Election) Observe(ctx context.Context) <-chan Observation {
 			t.Reset(e.cfg.PollInterval)
 			o, err := e.observe(ctx)
 			if err != nil || o.Term.Token < last.Term.Token {
+				continue
+			}
+			if o.Leading && !last.Leading && o.Term.Token == last.Term.Token && o.Term.Token > 0 {
+				// A term reported ended does not come back: this read is
+				// stale (a lagging replica), or the database clock stepped
+				// back over the term's deadline after its leader stopped.
 				continue
 			}
 			if sent && o.Leading == last.Leading && o.Term.Token == last.Term.Token && o.Term.Leader == last.Term.Leader {

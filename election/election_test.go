@@ -268,11 +268,11 @@ func TestOneLeaderAtATime(t *testing.T) {
 					if err != nil && !errors.Is(err, context.Canceled) {
 						t.Error(err)
 					}
-					// A leader that resigned and campaigned again at once
-					// would race the candidates its release woke, and win
-					// or lose by scheduling alone (both cores run at once,
-					// also in the bubble): it lets them go first.
-					time.Sleep(time.Millisecond)
+					// Campaign again a little later: the others, woken by
+					// the release at this very instant, go first (else
+					// who wins is up to the scheduler, and under load
+					// the same candidate could win every term).
+					time.Sleep(10 * time.Millisecond)
 				}
 			})
 		}
@@ -323,5 +323,105 @@ func TestLeaderStopsAtLocalDeadline(t *testing.T) {
 		require.ErrorIs(t, <-done, context.Canceled)
 		margin := ttl/100 + 2*time.Millisecond // sqllock's default
 		require.Equal(t, ttl-margin, ended.Sub(start), "the term ended at its local deadline")
+	})
+}
+
+// lateFirstGrant applies the first acquire at once but delivers its reply
+// only after the TTL: after the local deadline, too late to use.
+type lateFirstGrant struct {
+	*memory.Backend
+	n atomic.Int64
+}
+
+func (b *lateFirstGrant) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	l, err := b.Backend.TryAcquire(ctx, req)
+	if b.n.Add(1) == 1 {
+		time.Sleep(ttl)
+	}
+	return l, err
+}
+
+// A grant whose reply arrives after its local deadline is not a reason to
+// stop campaigning: the client releases it, and Campaign (and so Run)
+// campaigns again and wins the next term. Found by the election
+// simulation (TestElectionSim), where Run returned the *LostError of a
+// grant whose reply a delay fault held past the local deadline.
+func TestCampaignAgainAfterLateGrant(t *testing.T) {
+	t.Run("Campaign", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e := candidate(t, &lateFirstGrant{Backend: memory.New()}, "a")
+			l, err := e.Campaign(t.Context())
+			require.NoError(t, err)
+			require.EqualValues(t, 2, l.Term().Token, "term 1 came too late and was released")
+			require.NoError(t, l.Resign(t.Context()))
+		})
+	})
+	t.Run("Run", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e := candidate(t, &lateFirstGrant{Backend: memory.New()}, "a")
+			var terms []int64
+			err := e.Run(t.Context(), func(ctx context.Context, term election.Term) error {
+				terms = append(terms, term.Token)
+				return nil
+			})
+			require.NoError(t, err)
+			require.Equal(t, []int64{2}, terms)
+		})
+	})
+}
+
+// staleList serves, once stale is set, the first answer of List it gave
+// (a lagging replica or cache).
+type staleList struct {
+	*memory.Backend
+	stale atomic.Bool
+
+	mu    sync.Mutex
+	first []sqllock.LockInfo
+}
+
+func (s *staleList) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stale.Load() && s.first != nil {
+		return s.first, nil
+	}
+	infos, err := s.Backend.List(ctx, prefix)
+	if err == nil && s.first == nil {
+		s.first = infos
+	}
+	return infos, err
+}
+
+// A term Observe reported ended is never reported leading again, even
+// when a read comes back stale (or the database clock steps back over the
+// term's deadline): a term does not come back. Found by the election
+// simulation (TestElectionSim, observers with stale reads).
+func TestObserveNeverRevivesAnEndedTerm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		a := candidate(t, mem, "a")
+		la, err := a.Campaign(t.Context())
+		require.NoError(t, err)
+		sl := &staleList{Backend: mem}
+		b := candidate(t, sl, "b")
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		obs := b.Observe(ctx)
+		o := <-obs
+		require.True(t, o.Leading)
+		require.NoError(t, la.Resign(t.Context()))
+		o = <-obs
+		require.False(t, o.Leading)
+		require.Equal(t, la.Term().Token, o.Term.Token)
+
+		sl.stale.Store(true) // every read now says term 1 leads
+		time.Sleep(time.Second)
+		synctest.Wait()
+		select {
+		case o := <-obs:
+			t.Fatalf("an ended term reported again: %+v", o)
+		default:
+		}
 	})
 }

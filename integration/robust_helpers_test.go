@@ -72,6 +72,9 @@ type robustWorld struct {
 	res   *history.Resource
 	ttl   time.Duration
 	start time.Time
+	// beOpts are the clients' Backend options (the zero value unless a
+	// test sets them before its first client).
+	beOpts postgres.Options
 
 	mu       sync.Mutex // guards clients and watchers
 	clients  []*robustClient
@@ -116,11 +119,17 @@ func (pc *robustClient) extraPool(t *testing.T) *pgxpool.Pool {
 
 func newRobustWorld(t *testing.T, name string, seed uint64, ttl time.Duration, params history.Params) *robustWorld {
 	t.Helper()
+	return newRobustWorldOn(t, pgtest.New(t), name, seed, ttl, params)
+}
+
+// newRobustWorldOn is newRobustWorld on db, a schema of the shared server or
+// of a server of the test's own.
+func newRobustWorldOn(t *testing.T, db *pgtest.DB, name string, seed uint64, ttl time.Duration, params history.Params) *robustWorld {
+	t.Helper()
 	// A guard may be observed ending up to Eps after its local deadline;
 	// only with Eps below the margin does C-GUARD still prove that it ended
 	// before the database deadline.
 	require.Less(t, params.Eps, robustSettings.margin, "the checker's slack must be below the clients' margin")
-	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	sqlDB := stdlib.OpenDBFromPool(db.Pool)
@@ -172,7 +181,7 @@ func (w *robustWorld) clientConns(viaProxy bool, maxConns int32, params map[stri
 	pc.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	pc.cfg = cfg
-	pc.be, err = postgres.New(pc.pool, postgres.Options{})
+	pc.be, err = postgres.New(pc.pool, w.beOpts)
 	require.NoError(t, err)
 	pc.fdb = faultbackend.NewDB(pc.be, faultbackend.DBOptions{Recorder: w.rec})
 	pc.fb = pc.fdb.Client(faultbackend.Config{Client: id})

@@ -155,7 +155,9 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 // attempts it sleeps [Options.Backoff], capped by the holder's remaining
 // lease, and wakes at once when the backend signals a release ([Watcher]).
 // All attempts of one call use one owner, so an attempt whose reply was lost
-// is recognised by the next. When the wait ends it returns the last
+// is recognised by the next; an attempt that takes longer than the TTL less
+// the margin (when its grant could no longer be used) is abandoned as
+// such. When the wait ends it returns the last
 // [ErrNotAcquired] joined with the context's error.
 //
 // The Guard lives under ctx: a short-deadline ctx also ends the Guard. Bound
@@ -187,10 +189,22 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 		defer c.observeAcquire(ctx, &req, true, time.Now(), &attempts, &g, &err)
 	}
 	for attempt := 1; ; attempt++ {
+		// Each attempt is bounded by the TTL less the margin: a grant
+		// whose reply came later could not be used (newGuard refuses
+		// it), and an attempt that hangs (a dead connection, a stalled
+		// database) must not stall the wait until ctx ends. An attempt
+		// cut short is indeterminate: the next one, by the same owner,
+		// settles it.
 		attempts = attempt
-		l, sent, err := c.try(wctx, req, false)
+		actx, acancel := context.WithTimeout(wctx, s.ttl-s.margin)
+		l, sent, err := c.try(actx, req, false)
+		cut := err != nil && actx.Err() != nil && wctx.Err() == nil
+		acancel()
 		if err == nil {
 			return c.newGuard(ctx, l, sent, s)
+		}
+		if cut {
+			err = fmt.Errorf("%w: the attempt took longer than the TTL less the margin: %w", ErrIndeterminate, err)
 		}
 		var he *HeldError
 		switch {

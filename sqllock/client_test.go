@@ -617,6 +617,46 @@ func TestIndeterminateAcquireWhenTheWaitEnds(t *testing.T) {
 	})
 }
 
+// An acquire attempt that hangs (a dead connection, a stalled database)
+// does not stall Acquire until its context ends: each attempt is bounded
+// by the TTL less the margin, after which its grant could not be used
+// anyway, and the next attempt, by the same owner, settles it. Found by
+// the election simulation (TestElectionSim), where a candidate whose
+// attempt hung (a hang fault, or a pause) never campaigned again.
+func TestAcquireAttemptThatHangsIsRetried(t *testing.T) {
+	t.Parallel()
+	for _, applied := range []bool{false, true} {
+		t.Run(fmt.Sprintf("applied=%v", applied), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tb := setup(t, sqllock.Options{})
+				var first atomic.Bool
+				first.Store(true)
+				tb.b.acquire = func(actx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+					if first.Swap(false) {
+						if applied {
+							_, err := tb.mem.TryAcquire(actx, req)
+							require.NoError(t, err)
+						}
+						<-actx.Done() // hangs until its context ends
+						return sqllock.Lease{}, actx.Err()
+					}
+					return tb.mem.TryAcquire(actx, req)
+				}
+				start := time.Now()
+				g, err := tb.client.Acquire(t.Context(), "k", nil)
+				require.NoError(t, err)
+				margin := ttl/100 + 2*time.Millisecond // the default
+				require.Equal(t, ttl-margin+100*time.Millisecond, time.Since(start), "the hung attempt was cut at TTL - margin, then one backoff")
+				// An applied attempt's grant expired unused before the retry:
+				// the retry is a new tenure, after it.
+				require.Equal(t, map[bool]int64{false: 1, true: 2}[applied], g.Token())
+				require.Equal(t, 2, tb.b.n("acquire"))
+				require.NoError(t, g.Release(t.Context()))
+			})
+		})
+	}
+}
+
 func TestIndeterminateUnsettled(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {

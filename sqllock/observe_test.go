@@ -553,7 +553,23 @@ func TestObserverAllocatesNothing(t *testing.T) {
 			require.ErrorIs(t, err, sqllock.ErrNotAcquired)
 		})
 	}
-	none, with := allocs(nil), allocs(noop)
+	// Other goroutines (the runtime's, a timer's) allocate now and then
+	// while a run is counted, and only ever add: the least of a few runs
+	// is the loop's own count.
+	least := func(obs *sqllock.Observer) float64 {
+		n := allocs(obs)
+		for range 4 {
+			n = min(n, allocs(obs))
+		}
+		return n
+	}
+	none, with := least(nil), least(noop)
 	t.Logf("allocs per TryAcquire+Renew+Release+refused TryAcquire: %.0f without an observer, %.0f with one", none, with)
+	if raceEnabled {
+		// sync.Pool drops items at random under the race detector: only
+		// the bound holds there. .ci/run runs this test without -race too.
+		require.LessOrEqual(t, with, none+1, "one Guard: at most one allocation for its events' state")
+		return
+	}
 	require.Equal(t, none+1, with, "one Guard: one allocation for its events' state, none for the events")
 }

@@ -47,6 +47,18 @@ func notSent(o op, key string, err error) error {
 // with a message that says what happened, wrapping the original error.
 func (b *Backend) translate(ctx context.Context, o op, key string, err error) error {
 	prefix := fmt.Sprintf("sqllock/postgres: %s %q", o, key)
+	if errors.Is(err, ErrPoolerSettings) {
+		return fmt.Errorf("%s: not applied: %w", prefix, err)
+	}
+	if ue, ok := errors.AsType[*unsettledError](err); ok {
+		// The reply said it committed; a failover may still lose it.
+		what := "the server answered that it committed, but perhaps without waiting for the synchronous standbys " +
+			"(PostgreSQL commits locally and only warns when that wait is cancelled), so a failover may lose it"
+		if o.indeterminate() {
+			return fmt.Errorf("%s: %w: %w: %s", prefix, sqllock.ErrIndeterminate, ue, what)
+		}
+		return fmt.Errorf("%s: %w: %w: %s", prefix, sqllock.ErrUnavailable, ue, what)
+	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		// The server answered: the statement failed and was rolled back
 		// (a failed COMMIT too), so the outcome is known.
@@ -88,6 +100,11 @@ func (b *Backend) translate(ctx context.Context, o op, key string, err error) er
 func translatePg(ctx context.Context, prefix, table string, pgErr *pgconn.PgError, err error) error {
 	code := pgErr.Code
 	switch {
+	case isForeignStatement(pgErr):
+		return fmt.Errorf("%s: not applied: %w: the server connection lacks the statement pgx prepared, or has another client's "+
+			"(the pool's connections go through a pooler in transaction mode, such as PgBouncer): set default_query_exec_mode=exec "+
+			"(or cache_describe, or simple_protocol) in the connection string, and postgres.Options{DisableNotify: true}: %w",
+			prefix, ErrPoolerSettings, err)
 	case code == "42P01" || code == "3F000": // undefined_table, invalid_schema_name
 		return fmt.Errorf("%s: %w: table %s does not exist: %w",
 			prefix, sqllock.ErrSchemaMissing, table, err)

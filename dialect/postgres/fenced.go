@@ -26,7 +26,12 @@ import (
 // the key wait for it too. fn must not commit or roll back tx. If fn returns
 // an error the transaction is rolled back and that error returned as is. A
 // commit whose reply is lost (context ended, connection broke) returns an
-// error matching [sqllock.ErrIndeterminate].
+// error matching [sqllock.ErrIndeterminate], and so does a commit that
+// succeeded after its context ended or with a WARNING (see [OnNotice]): its
+// wait for synchronous standbys may have been cancelled, and a failover
+// could lose it. The transaction commits with the session's
+// synchronous_commit: the durability of fn's writes is the application's
+// choice.
 func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.Tx) error) (err error) {
 	if err := sqllock.ValidateLease(l); err != nil {
 		return err
@@ -39,6 +44,10 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 	// back for reuse.
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
+		return b.translate(ctx, opFence, l.Key, err)
+	}
+	if err := b.checkPooler(ctx, conn); err != nil {
+		conn.Release()
 		return b.translate(ctx, opFence, l.Key, err)
 	}
 	defer func() {
@@ -78,7 +87,13 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 		return err
 	}
 	committed = true // from here on Commit ends the transaction either way
+	clearWarning(conn.Conn().PgConn())
 	if err := tx.Commit(ctx); err != nil {
+		return b.translate(ctx, opCommit, l.Key, err)
+	}
+	// Committed, but maybe without waiting for the synchronous standbys
+	// (syncwait.go).
+	if err := unsettled(ctx, conn.Conn().PgConn()); err != nil {
 		return b.translate(ctx, opCommit, l.Key, err)
 	}
 	return nil

@@ -35,6 +35,17 @@
 // and hand a token out twice, and nothing a client does can prevent it.
 // Releases commit asynchronously unless [Options.DurableRelease].
 //
+// With synchronous standbys, an acknowledged grant or renewal is on a
+// standby too, and survives a failover to it. The exception is a commit
+// whose wait for the standbys is cancelled (a cancel request when a
+// caller's context ends, or an operator's pg_cancel_backend): PostgreSQL
+// keeps the local commit, sends a WARNING and answers as for a success. A
+// statement that succeeded after its context ended, or with a WARNING, is
+// therefore reported as of unknown outcome: [sqllock.ErrIndeterminate] for
+// grants (and releases, and FencedTx commits), [sqllock.ErrUnavailable]
+// for renewals. pgx hands the WARNING to the pool's ConnConfig.OnNotice
+// alone: install [OnNotice] there to have an operator's cancel seen too.
+//
 // # Isolation levels and failover
 //
 // Where sessions default to REPEATABLE READ or SERIALIZABLE
@@ -51,10 +62,22 @@
 //
 // # Poolers
 //
-// Behind PgBouncer in transaction mode set [Options.DisableNotify] (LISTEN
-// needs a session) and configure pgx with QueryExecModeExec or
-// QueryExecModeSimpleProtocol unless PgBouncer >= 1.21 has
-// max_prepared_statements > 0. The backend itself keeps no session state.
+// Behind PgBouncer in transaction mode (or any pooler that gives a client
+// a server connection for one transaction at a time) two things need a
+// session, and so need settings:
+//   - pgx's default QueryExecModeCacheStatement prepares named statements
+//     on whichever server connection it has; set default_query_exec_mode=exec
+//     in the connection string (or cache_describe, or simple_protocol), unless
+//     PgBouncer (1.21 or later) has max_prepared_statements > 0;
+//   - LISTEN: set [Options.DisableNotify] (waiters then poll).
+//
+// The backend keeps no other session state: statements are single, each in
+// its own transaction, and [Backend.FencedTx] is one transaction. The first
+// statement checks whether such a pooler is in between while these settings
+// are wrong, and if so every statement fails with [ErrPoolerSettings],
+// which says what to set (see ErrPoolerSettings for what the check can and
+// cannot see). Session pooling needs nothing: everything works,
+// notifications included.
 package postgres
 
 import (
@@ -93,7 +116,8 @@ type Options struct {
 	// DisableNotify turns off LISTEN/NOTIFY: Release sends no notification
 	// and [Backend.Watch] returns a channel that never fires, so waiting
 	// clients find a released key by polling. Set it behind PgBouncer in
-	// transaction mode (or any pooler that does not keep a session).
+	// transaction mode (or any pooler that does not keep a session; see
+	// Poolers in the package doc).
 	DisableNotify bool
 
 	// DurableRelease makes Release commit synchronously, like grants and
@@ -133,6 +157,10 @@ type Backend struct {
 	beforeRacePeek func() // tests: runs before releaseRaced reads the row
 
 	conflictRetries atomic.Int64 // statements sent again after a conflict (tests)
+
+	// poolerCheck is what the first statement learned about a pooler in
+	// between (pooler.go).
+	poolerCheck pooler
 
 	// watches counts the watches in progress (Watch calls not yet ended):
 	// while it is 0, TryAcquire knows without a lock that no key is watched.
@@ -288,7 +316,11 @@ func leaseMicros(ttl time.Duration) int64 { return micros(ttl) + 1 }
 // that breaks after it was sent, gives an error matching
 // [sqllock.ErrIndeterminate] (and [sqllock.ErrUnavailable] for the broken
 // connection): the grant may have committed, and repeating the same request
-// (same Owner) returns it.
+// (same Owner) returns it. So does a grant that the server answered as
+// committed when the context had ended meanwhile, or with a WARNING (seen
+// with [OnNotice]): its wait for the synchronous standbys may have been
+// cancelled, and a failover could lose it (see Durability in the package
+// doc).
 //
 // While the key is watched ([Backend.Watch], as a client's Acquire does
 // while it waits), an attempt that finds the key held by another owner

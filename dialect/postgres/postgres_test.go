@@ -214,9 +214,11 @@ func TestOneRoundTripPerOperation(t *testing.T) {
 	}
 	run(false) // warm the statement cache of the pool's one connection
 	// The proxy counts what it should: warming up prepared each of the four
-	// statements once, in a round trip of its own.
+	// statements once, in a round trip of its own, and the first statement
+	// was preceded by the pooler check's one query (pooler.go), which
+	// found the server itself.
 	require.EqualValues(t, 4, tracer.prepares.Load())
-	require.EqualValues(t, len(ops)+4, proxy.trips.Load(), "round trips while warming up")
+	require.EqualValues(t, len(ops)+4+1, proxy.trips.Load(), "round trips while warming up")
 	for range 3 {
 		run(true)
 	}

@@ -39,7 +39,8 @@ package postgres
 // With synchronous standbys, an acknowledged grant survives a failover
 // unless the wait for the standby was cancelled (pg_cancel_backend, or a
 // cancel request sent when a caller's context ended): PostgreSQL then
-// commits locally, warns, and answers as for a commit.
+// commits locally, warns, and answers as for a commit; the Backend reports
+// such a statement as of unknown outcome (syncwait.go).
 
 // acquireSQL grants $1 to owner $3 for $2 microseconds, or reports the holder.
 //

@@ -19,11 +19,16 @@ const conflictAttempts = 10
 // The statement runs on the application's pool, in an implicit transaction
 // of its own; queryRow also:
 //
+//   - checks, with the first statement, whether a pooler in transaction
+//     mode stands between the pool and the server while the pool's
+//     settings need sessions (pooler.go);
 //   - takes the connection from the pool itself, and closes it instead of
 //     handing it back when the server answered with an error that condemns
 //     the session (see unusable): after a failover the pool's connections
 //     may reach a server that is now read-only, while a new connection
 //     reaches the new primary (river#1225);
+//   - reports a statement that succeeded as unsettled when its commit may
+//     not have waited for the synchronous standbys (see syncwait.go);
 //   - sends the statement again when it failed with a serialization
 //     failure or a deadlock (see isConflict), up to conflictAttempts times
 //     with a short jittered backoff, while ctx lasts: such a statement was
@@ -45,7 +50,17 @@ func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...
 			return notSentError{err}
 		}
 		defer c.Release()
+		if err := b.checkPooler(ctx, c); err != nil {
+			return err
+		}
+		pc := c.Conn().PgConn()
+		clearWarning(pc)
 		err = c.QueryRow(ctx, sql, args...).Scan(dest...)
+		if err == nil {
+			// Committed, but maybe without waiting for the synchronous
+			// standbys (syncwait.go).
+			err = unsettled(ctx, pc)
+		}
 		if unusable(err) {
 			discard(ctx, c.Conn())
 		}

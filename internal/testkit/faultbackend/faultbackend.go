@@ -784,8 +784,15 @@ func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
 // spread is this client's delay in [Spread, 2·Spread), from a hash of the
 // seed and the client, so that no sum of two clients' delays is likely to
 // equal a third's.
-func (b *Backend) spread() time.Duration {
+func (b *Backend) spread() time.Duration { return SpreadDelay(b.cfg.Seed, b.cfg.Client, b.cfg.Spread) }
+
+// SpreadDelay is the delay a client's wrapper adds with Config.Spread set
+// (see Config.Spread): in [spread, 2·spread), from a hash of the seed and
+// the client. Two clients with equal delays wake at the same instant after
+// a release; a simulation that must never let them can choose client IDs
+// whose delays differ.
+func SpreadDelay(seed uint64, client int, spread time.Duration) time.Duration {
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%d/%d", b.cfg.Seed, b.cfg.Client)
-	return b.cfg.Spread + time.Duration(h.Sum64()%uint64(b.cfg.Spread))
+	fmt.Fprintf(h, "%d/%d", seed, client)
+	return spread + time.Duration(h.Sum64()%uint64(spread))
 }

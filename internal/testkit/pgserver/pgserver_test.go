@@ -54,3 +54,97 @@ func TestStart(t *testing.T) {
 		t.Fatalf("fsync=%s max_connections=%s, want on and 33", fsync, maxConns)
 	}
 }
+
+// A standby streams, is read-only until promoted, then accepts writes; a
+// PgBouncer in front of the server passes statements through, answers on
+// its console, and comes back on its port after a kill -9.
+func TestStandbyAndPgBouncer(t *testing.T) {
+	if dir, _ := FindBinDir(); dir == "" && os.Getenv("SQLLOCK_REQUIRE_POSTGRES") != "1" {
+		t.Skip("no PostgreSQL binaries")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := Start(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(s.DataDir)
+	defer s.Stop(StopImmediate)
+
+	t.Run("Standby", func(t *testing.T) {
+		sb, err := s.StartStandby(StandbyOptions{Name: "sb"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(sb.DataDir)
+		defer sb.Stop(StopImmediate)
+		if err := s.SetSynchronous(ctx, "sb"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WaitStreaming(ctx, "sb", "sync"); err != nil {
+			t.Fatal(err)
+		}
+		readOnly := func() string {
+			conn, err := pgx.Connect(ctx, sb.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			var ro string
+			if err := conn.QueryRow(ctx, "SHOW transaction_read_only").Scan(&ro); err != nil {
+				t.Fatal(err)
+			}
+			return ro
+		}
+		if ro := readOnly(); ro != "on" {
+			t.Fatalf("standby: transaction_read_only = %s", ro)
+		}
+		if err := sb.Promote(); err != nil {
+			t.Fatal(err)
+		}
+		if ro := readOnly(); ro != "off" {
+			t.Fatalf("promoted: transaction_read_only = %s", ro)
+		}
+	})
+
+	t.Run("PgBouncer", func(t *testing.T) {
+		if p, reason := FindPgBouncer(); p == "" {
+			if os.Getenv("SQLLOCK_REQUIRE_PGBOUNCER") == "1" {
+				t.Fatal(reason)
+			}
+			t.Skip(reason)
+		}
+		b, err := StartPgBouncer(PgBouncerOptions{Target: s.URL, PoolMode: PoolSession})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(b.Dir)
+		defer b.Stop()
+		pid := func() (fake, real uint32) {
+			conn, err := pgx.Connect(ctx, b.URL("postgres"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&real); err != nil {
+				t.Fatal(err)
+			}
+			return conn.PgConn().PID(), real
+		}
+		if fake, real := pid(); fake == real {
+			t.Fatalf("PgBouncer passed the server's backend PID %d through", real)
+		}
+		rows, err := b.Admin(ctx, "SHOW POOLS")
+		if err != nil || len(rows) == 0 {
+			t.Fatalf("SHOW POOLS: %v %v", rows, err)
+		}
+		b.Kill()
+		if _, err := pgx.Connect(ctx, b.URL("postgres")); err == nil {
+			t.Fatal("connected to a killed PgBouncer")
+		}
+		if err := b.Start(); err != nil {
+			t.Fatal(err)
+		}
+		pid()
+	})
+}

@@ -1,7 +1,6 @@
 package pgtest
 
 import (
-	"os"
 	"testing"
 	"time"
 
@@ -41,17 +40,6 @@ func NewServer(t testing.TB, opts ServerOptions) *Server {
 	}
 	t.Logf("pgtest: dedicated server %s from %s started in %v; log %s",
 		s.URL, binDir, time.Since(begin).Round(time.Millisecond), s.LogPath)
-	t.Cleanup(func() {
-		if err := s.Stop(StopImmediate); err != nil {
-			t.Errorf("pgtest: stop dedicated server: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("pgtest: kept %s; server log: %s", s.DataDir, s.LogPath)
-			return
-		}
-		if err := os.RemoveAll(s.DataDir); err != nil {
-			t.Errorf("pgtest: remove %s: %v", s.DataDir, err)
-		}
-	})
+	cleanupServer(t, s)
 	return s
 }

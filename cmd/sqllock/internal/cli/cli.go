@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ashlock/ashlock/dialect/postgres"
 	"github.com/ashlock/ashlock/internal/sqlident"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
@@ -193,7 +194,11 @@ func (e *env) finish(name string, err error) int {
 	if errors.As(err, &s) {
 		return int(s)
 	}
-	e.errorf("sqllock %s: %s", name, stripPrefixes(err.Error()))
+	msg := stripPrefixes(err.Error())
+	if errors.Is(err, postgres.ErrPoolerSettings) {
+		msg += " (for sqllock: default_query_exec_mode=exec in the database URL, and --no-notify)"
+	}
+	e.errorf("sqllock %s: %s", name, msg)
 	return exitCode(err)
 }
 
@@ -227,7 +232,7 @@ func exitCode(err error) int {
 		return ExitTempFail
 	case errors.Is(err, sqllock.ErrLeaseLost):
 		return ExitLeaseLost
-	case errors.Is(err, sqllock.ErrSchemaMissing):
+	case errors.Is(err, sqllock.ErrSchemaMissing), errors.Is(err, postgres.ErrPoolerSettings):
 		return ExitConfig
 	case errors.Is(err, sqllock.ErrUnavailable), errors.Is(err, sqllock.ErrIndeterminate),
 		errors.Is(err, context.DeadlineExceeded):
@@ -390,12 +395,14 @@ func stripPrefixes(msg string) string {
 type dbFlags struct {
 	url, table, schema string
 	connectTimeout     time.Duration
+	noNotify           bool
 }
 
 func (f *dbFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "database-url", "", "`URL` of the database (default $SQLLOCK_DATABASE_URL, else the embedded SQLite file)")
 	fs.StringVar(&f.table, "table", "", "lock `table` name (default sqllock_locks)")
 	fs.StringVar(&f.schema, "schema", "", "PostgreSQL `schema` of the lock table (default: the search_path)")
+	fs.BoolVar(&f.noNotify, "no-notify", false, "PostgreSQL: do not LISTEN for releases (waiters poll); needed behind PgBouncer in transaction mode")
 	durationVar(fs, &f.connectTimeout, "connect-timeout", 0, "PostgreSQL: how long connecting may take; it also bounds run's single attempt (without --wait) and each statement of list and release (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 5s)")
 }
 

@@ -261,7 +261,7 @@ func (e *env) openBackend(ctx context.Context, d *database, f dbFlags, maxConns 
 		if err != nil {
 			return nil, err
 		}
-		b, err := postgres.New(pool, postgres.Options{Schema: f.schema, Table: f.table, Logger: e.log})
+		b, err := postgres.New(pool, postgres.Options{Schema: f.schema, Table: f.table, DisableNotify: f.noNotify, Logger: e.log})
 		if err != nil {
 			pool.Close()
 			return nil, err

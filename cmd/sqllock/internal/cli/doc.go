@@ -14,10 +14,12 @@
 // bench works in its own table (sqllock_bench) unless --table names
 // another, so its rows never join the real locks.
 //
-// Every command takes --database-url and --connect-timeout (PostgreSQL,
+// Every command takes --database-url, --connect-timeout (PostgreSQL,
 // default 5s: connecting, run's single attempt without --wait, and each
 // statement of list and release; run --wait bounds everything before the
-// command starts); else $SQLLOCK_DATABASE_URL is used,
+// command starts) and --no-notify (PostgreSQL: waiters poll instead of
+// listening, as behind PgBouncer in transaction mode). Without
+// --database-url, $SQLLOCK_DATABASE_URL is used,
 // else an embedded SQLite file in the user's state directory
 // ($XDG_STATE_HOME/sqllock/locks.db, else ~/.local/state/sqllock/locks.db;
 // ~/Library/Application Support/sqllock on macOS, %LocalAppData%\sqllock on
@@ -76,8 +78,10 @@
 //	         command's work may have overlapped another holder's.
 //	78       [ExitConfig] (EX_CONFIG): unknown URL scheme, unparsable URL,
 //	         the lock table is missing (PostgreSQL: run `sqllock migrate up`),
-//	         or a SQLite file that waiting cannot make usable: read-only, not
-//	         a database, or in a directory that does not exist
+//	         settings that do not work through a pooler in transaction mode
+//	         (PgBouncer: add default_query_exec_mode=exec to the URL and pass
+//	         --no-notify), or a SQLite file that waiting cannot make usable:
+//	         read-only, not a database, or in a directory that does not exist
 //	126      [ExitCannotExec]: run: the command could not be started
 //	127      [ExitNotFound]: run: the command was not found
 //	128+N    run: the command died by signal N (as shells report it), or

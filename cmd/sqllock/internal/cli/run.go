@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -286,6 +287,9 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 		if errors.Is(err, sqllock.ErrLeaseLost) {
 			// Granted, but over before it could be used: as not acquired.
 			return nil, fail(ExitTempFail, "acquire %q: the lease ended before %s could start (%v); not run", f.key, f.commandRaw, err)
+		}
+		if strings.Contains(err.Error(), fmt.Sprintf("acquire %q", f.key)) {
+			return nil, err // the backend named the operation already
 		}
 		return nil, fmt.Errorf("acquire %q: %w", f.key, err)
 	}

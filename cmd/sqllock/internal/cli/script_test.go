@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/rogpeppe/go-internal/testscript"
 
@@ -155,6 +156,7 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 			"sleep":      cmdSleep,
 			"stallproxy": cmdStallproxy,
 			"kvdsn":      cmdKVDSN,
+			"pgbouncer":  cmdPgBouncer,
 		},
 	}
 }
@@ -369,4 +371,26 @@ func cmdKVDSN(ts *testscript.TestScript, neg bool, args []string) {
 		}
 	}
 	ts.Setenv(args[0], strings.Join(kv, " "))
+}
+
+// pgbouncer VAR: starts PgBouncer in transaction mode in front of a fresh
+// database of the test's PostgreSQL server, with the lock table migrated
+// (directly: the migrations take a session lock), and sets $VAR to its URL
+// through PgBouncer. Without a pgbouncer binary the script skips, or fails
+// when SQLLOCK_REQUIRE_PGBOUNCER=1 (pgtest).
+func cmdPgBouncer(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: pgbouncer VAR")
+	}
+	t := ts.Value(scriptT{}).(testscript.T).(testing.TB)
+	b := pgtest.NewPgBouncer(t, pgtest.PoolTransaction, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, b.DirectURL)
+	ts.Check(err)
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	ts.Check(migrations.Up(ctx, migrations.Postgres, db, migrations.Options{}))
+	ts.Setenv(args[0], b.URL)
 }

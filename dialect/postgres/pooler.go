@@ -1,0 +1,264 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrPoolerSettings means that the pool reaches PostgreSQL through a
+// connection pooler in transaction mode (PgBouncer with pool_mode =
+// transaction, and the like) with settings that do not work there; the
+// error says which and how to change them. No statement was applied.
+//
+// In transaction mode a client connection gets a server connection for one
+// transaction at a time, so nothing of a session survives from one
+// statement to the next:
+//   - pgx's default QueryExecModeCacheStatement prepares named statements
+//     on the server connection it happens to have, and later finds them
+//     missing ("prepared statement does not exist") or meets another
+//     client's ("already exists"). Set default_query_exec_mode=exec in the
+//     connection string (or cache_describe, or simple_protocol; or
+//     pgxpool.Config.ConnConfig.DefaultQueryExecMode). PgBouncer 1.21 and
+//     later keep named statements across server connections when
+//     max_prepared_statements > 0: the Backend then finds them working and
+//     does not complain.
+//   - LISTEN registers a server connection that goes back to the pool at
+//     once: release notifications never arrive (waiters fall back to
+//     polling), and the pooled connection receives them instead. Set
+//     [Options.DisableNotify].
+//
+// The Backend checks with its first statement (one query more on a direct
+// connection; a few more, and a second connection for a moment, when the
+// connection's backend PID is not the server's, as behind any pooler).
+// What it cannot see: transaction pooling that a busy pooler happens to
+// hide from the check (each of the check's two clients keeps finding its
+// own server connection). Then nothing is reported until a statement meets
+// a prepared statement that is missing or another client's, which is
+// reported with this error too; LISTEN left on then goes unnoticed, and
+// waiters poll.
+var ErrPoolerSettings = errors.New("sqllock/postgres: the pool's settings do not work through a pooler in transaction mode")
+
+// pooler is what the Backend learned about the path to the server: the
+// check runs once, on the first connection a statement takes from the
+// pool (see Backend.checkPooler).
+type pooler struct {
+	done     atomic.Bool
+	mu       sync.Mutex        // held by the check while it runs; guards the rest
+	execMode pgx.QueryExecMode // the pool's default
+	failures int               // checks that could not tell
+	err      error             // the misconfiguration found, nil when none
+}
+
+const (
+	// poolerProbeTimeout bounds one check, whatever the caller's context.
+	poolerProbeTimeout = 2 * time.Second
+	// poolerProbeAttempts bounds the checks that could not tell (the
+	// server down, the context ended, a pooler that refuses the probe's
+	// statements) before the Backend stops checking.
+	poolerProbeAttempts = 3
+)
+
+// checkPooler tells, once per Backend, whether the pool's connections go
+// through a pooler in transaction mode with settings that cannot work there
+// (see ErrPoolerSettings), using c, a connection just taken from the pool
+// for a statement, and one more connection for a moment. It returns the
+// misconfiguration it found, or nil. It costs nothing when neither setting
+// could be wrong (an exec mode without named statements and notifications
+// off), and one round trip, once, on a direct connection to PostgreSQL.
+// While one statement checks, the others go ahead unchecked (they hold
+// connections the check may need).
+//
+// A pooler is recognised by the backend PID: PgBouncer (like most poolers)
+// hands its clients a made-up one, and pg_backend_pid() tells the real
+// one. Transaction mode is recognised by a server connection changing
+// hands: after c's statement, a second client connection opens a
+// transaction, and c asks again; in session mode c keeps its server
+// connection and the other client never gets it, while in transaction mode
+// PgBouncer by default hands the server connection just released to the
+// next client (server_round_robin = 0), so the second client gets c's, or
+// c gets another. A busy pooler can hide it (both happen to keep or find
+// their own): then nothing is reported here, and a statement that meets a
+// missing or foreign prepared statement still reports ErrPoolerSettings
+// (see translatePg). Whether named prepared statements survive the change
+// of server connection is tried, not inferred from a version.
+//
+// A check that cannot tell (a connection problem, the context) reports
+// nothing: the statement then runs, and the next one checks again, up to
+// poolerProbeAttempts times.
+func (b *Backend) checkPooler(ctx context.Context, c *pgxpool.Conn) error {
+	if b.poolerCheck.done.Load() {
+		return b.poolerCheck.err
+	}
+	if !b.poolerCheck.mu.TryLock() {
+		return nil
+	}
+	defer b.poolerCheck.mu.Unlock()
+	if b.poolerCheck.done.Load() {
+		return b.poolerCheck.err
+	}
+	b.poolerCheck.execMode = b.pool.Config().ConnConfig.DefaultQueryExecMode
+	if b.poolerCheck.execMode != pgx.QueryExecModeCacheStatement && !b.notify {
+		b.poolerCheck.done.Store(true)
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, poolerProbeTimeout)
+	defer cancel()
+	found, err := probePooler(pctx, c.Conn().PgConn(), b.pool)
+	if err != nil {
+		b.poolerCheck.failures++
+		if b.poolerCheck.failures >= poolerProbeAttempts {
+			b.poolerCheck.done.Store(true)
+		}
+		return nil
+	}
+	b.poolerCheck.err = b.poolerError(found)
+	b.poolerCheck.done.Store(true)
+	return b.poolerCheck.err
+}
+
+// poolerFound is what probePooler found.
+type poolerFound struct {
+	pooler      bool // the PID the connection reports is not its server's
+	transaction bool // server connections change hands between transactions
+	namedLost   bool // a named prepared statement did not follow the client
+}
+
+// poolerError turns what the probe found into the error for this
+// Backend's settings, or nil.
+func (b *Backend) poolerError(f poolerFound) error {
+	if !f.transaction && !f.namedLost {
+		return nil
+	}
+	var fixes []string
+	if f.namedLost && b.poolerCheck.execMode == pgx.QueryExecModeCacheStatement {
+		fixes = append(fixes, "pgx's QueryExecModeCacheStatement (its default) needs named prepared statements, which the pooler does not keep "+
+			"between transactions: set default_query_exec_mode=exec (or cache_describe, or simple_protocol) in the connection string, "+
+			"or pgxpool.Config.ConnConfig.DefaultQueryExecMode")
+	}
+	if f.transaction && b.notify {
+		fixes = append(fixes, "LISTEN needs a session of its own, which a pooler in transaction mode does not give: set postgres.Options{DisableNotify: true}")
+	}
+	if len(fixes) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: the pool's connections go through a pooler in transaction mode (PgBouncer?): %s",
+		ErrPoolerSettings, strings.Join(fixes, "; "))
+}
+
+// probePooler runs the probe described at checkPooler on conn (idle, out of
+// a transaction), taking a second connection from pool for a moment.
+func probePooler(ctx context.Context, conn *pgconn.PgConn, pool *pgxpool.Pool) (poolerFound, error) {
+	var f poolerFound
+	res := conn.Exec(ctx, "SELECT pg_backend_pid()")
+	results, err := res.ReadAll()
+	if err != nil {
+		return f, err
+	}
+	if len(results) != 1 {
+		return f, fmt.Errorf("pooler probe: %d results", len(results))
+	}
+	if pid, err := onePID(results[0].Rows); err != nil || pid == conn.PID() {
+		return f, err // the server itself (or an error)
+	}
+	f.pooler = true
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	name := "sqllock_pooler_probe_" + hex.EncodeToString(rnd[:])
+	if _, err := conn.Prepare(ctx, name, "SELECT pg_backend_pid()", nil); err != nil {
+		return f, err
+	}
+	defer func() {
+		// Closing a statement the server connection does not have is no
+		// error. On a server connection that went back to a transaction
+		// pooler the statement stays, under its random name, until that
+		// connection closes.
+		_ = conn.Deallocate(ctx, name)
+	}()
+	first, err := prepared(ctx, conn, name)
+	if errors.Is(err, errNamedLost) {
+		// Lost between two round trips already.
+		f.transaction, f.namedLost = true, true
+		return f, nil
+	}
+	if err != nil {
+		return f, err
+	}
+	other, err := pool.Acquire(ctx)
+	if err != nil {
+		return f, err
+	}
+	defer other.Release()
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		return f, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	var second uint32
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&second); err != nil {
+		return f, err
+	}
+	again, err := prepared(ctx, conn, name)
+	switch {
+	case errors.Is(err, errNamedLost):
+		f.transaction, f.namedLost = true, true
+	case err != nil:
+		return f, err
+	default:
+		f.transaction = second == first || again != first
+	}
+	if second == first {
+		// The other client has the server connection with the probe's
+		// statement: drop it there.
+		_, _ = tx.Exec(ctx, "DEALLOCATE "+name, pgx.QueryExecModeSimpleProtocol)
+	}
+	return f, nil
+}
+
+// errNamedLost: the probe's named prepared statement was missing.
+var errNamedLost = errors.New("named prepared statement lost")
+
+// prepared runs the probe's named statement on conn and returns the
+// backend PID it reads.
+func prepared(ctx context.Context, conn *pgconn.PgConn, name string) (uint32, error) {
+	res := conn.ExecPrepared(ctx, name, nil, nil, nil).Read()
+	if pgErr, ok := errors.AsType[*pgconn.PgError](res.Err); ok && pgErr.Code == "26000" {
+		return 0, errNamedLost
+	}
+	if res.Err != nil {
+		return 0, res.Err
+	}
+	return onePID(res.Rows)
+}
+
+// onePID reads the one backend PID of a probe's result.
+func onePID(rows [][][]byte) (uint32, error) {
+	if len(rows) != 1 || len(rows[0]) != 1 {
+		return 0, fmt.Errorf("pooler probe: unexpected result %q", rows)
+	}
+	pid, err := strconv.ParseUint(string(rows[0][0]), 10, 32)
+	return uint32(pid), err
+}
+
+// isForeignStatement reports the server's refusal of a pgx statement-cache
+// statement that the server connection does not have (26000) or has from
+// another client (42P05): what a pooler in transaction mode does to
+// QueryExecModeCacheStatement. Nothing was executed.
+func isForeignStatement(pgErr *pgconn.PgError) bool {
+	return (pgErr.Code == "26000" || pgErr.Code == "42P05") && strings.Contains(pgErr.Message, `"stmtcache_`)
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package sqllock_test
+
+const raceEnabled = false
