@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strconv"
 	"syscall"
 	"time"
@@ -112,25 +111,15 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 	if err := sqllock.ValidateValue([]byte(f.value)); err != nil {
 		return fail(ExitUsage, "--value: %v", err)
 	}
-	if f.ttl < minRunTTL && f.ttl >= sqllock.MinTTL {
-		return fail(ExitUsage, "--ttl %s is too short: at least %s, so that the term can be renewed (every ttl/3) while COMMAND runs", fmtDuration(f.ttl), fmtDuration(minRunTTL))
-	}
-	if err := checkTTL(f.ttl, minRunTTL, sqllock.MaxTTL); err != nil {
+	if err := checkCommandTTL(f.ttl, "term"); err != nil {
 		return err
 	}
 	if err := nonNegative("grace", f.grace); err != nil {
 		return err
 	}
-	f.commandRaw = f.command[0]
-	path, err := exec.LookPath(f.command[0])
-	if err != nil {
-		code := ExitNotFound
-		if !errors.Is(err, exec.ErrNotFound) && !errors.Is(err, os.ErrNotExist) {
-			code = ExitCannotExec
-		}
-		return fail(code, "command %q: %v", f.command[0], err)
+	if err := f.resolveCommand(); err != nil {
+		return err
 	}
-	f.command[0] = path
 
 	sigs := make(chan os.Signal, 8)
 	e.notify(sigs, os.Interrupt, syscall.SIGTERM)

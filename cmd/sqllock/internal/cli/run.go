@@ -118,10 +118,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	if err := sqllock.ValidateKey(f.key); err != nil {
 		return fail(ExitUsage, "--key: %v", err)
 	}
-	if f.ttl < minRunTTL && f.ttl >= sqllock.MinTTL {
-		return fail(ExitUsage, "--ttl %s is too short: at least %s, so that the lease can be renewed (every ttl/3) while COMMAND runs", fmtDuration(f.ttl), fmtDuration(minRunTTL))
-	}
-	if err := checkTTL(f.ttl, minRunTTL, sqllock.MaxTTL); err != nil {
+	if err := checkCommandTTL(f.ttl, "lease"); err != nil {
 		return err
 	}
 	for _, d := range []struct {
@@ -132,16 +129,9 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 	}
-	f.commandRaw = f.command[0]
-	path, err := exec.LookPath(f.command[0])
-	if err != nil {
-		code := ExitNotFound
-		if !errors.Is(err, exec.ErrNotFound) && !errors.Is(err, os.ErrNotExist) {
-			code = ExitCannotExec
-		}
-		return fail(code, "command %q: %v", f.command[0], err)
+	if err := f.resolveCommand(); err != nil {
+		return err
 	}
-	f.command[0] = path
 
 	// Signals are ours from here on: during the acquire they end the wait;
 	// while COMMAND runs they are forwarded to it.
@@ -183,6 +173,31 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 		return d.opError(err, f.db)
 	}
 	return e.supervise(guardTenure(g, f.key), f, sigs)
+}
+
+// checkCommandTTL checks the --ttl of a lease (or term) that COMMAND runs
+// under: at least minRunTTL, so that it can be renewed every ttl/3.
+func checkCommandTTL(ttl time.Duration, what string) error {
+	if ttl < minRunTTL && ttl >= sqllock.MinTTL {
+		return fail(ExitUsage, "--ttl %s is too short: at least %s, so that the %s can be renewed (every ttl/3) while COMMAND runs", fmtDuration(ttl), fmtDuration(minRunTTL), what)
+	}
+	return checkTTL(ttl, minRunTTL, sqllock.MaxTTL)
+}
+
+// resolveCommand finds COMMAND before any I/O: not found is 127, found
+// but not executable 126.
+func (f *runFlags) resolveCommand() error {
+	f.commandRaw = f.command[0]
+	path, err := exec.LookPath(f.command[0])
+	if err != nil {
+		code := ExitNotFound
+		if !errors.Is(err, exec.ErrNotFound) && !errors.Is(err, os.ErrNotExist) {
+			code = ExitCannotExec
+		}
+		return fail(code, "command %q: %v", f.command[0], err)
+	}
+	f.command[0] = path
+	return nil
 }
 
 // errAttemptTimeout ends an acquire attempt that got no answer in time.
