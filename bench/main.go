@@ -31,7 +31,7 @@ type config struct {
 
 func (c *config) want(section string) bool { return len(c.only) == 0 || c.only[section] }
 
-var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "sqlite", "memory", "etcd"}
+var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "groupcommit", "sqlite", "memory", "etcd"}
 
 func main() {
 	var cfg config
@@ -106,7 +106,7 @@ func logf(format string, args ...any) {
 func run(ctx context.Context, cfg *config) (err error) {
 	rep := &Report{Started: startTime.UTC(), Quick: cfg.quick, Rounds: cfg.rounds, CellSeconds: cfg.dur.Seconds(), Keys: cfg.keys}
 	needPG := false
-	for _, s := range []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal"} {
+	for _, s := range []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "groupcommit"} {
 		needPG = needPG || cfg.want(s)
 	}
 	tmp, err := os.MkdirTemp("", "ashlock-bench-")
@@ -184,6 +184,15 @@ func run(ctx context.Context, cfg *config) (err error) {
 		if rep.BatchRenew, err = pe.batchRenew(ctx, cfg); err != nil {
 			return fmt.Errorf("batch renewal: %w", err)
 		}
+	}
+	if cfg.want("groupcommit") {
+		m, stop := pe.groupCommit(cfg)
+		err := m.run(ctx, logf)
+		stop()
+		if err != nil {
+			return err
+		}
+		rep.addMatrix(m, groupCommitRatios)
 	}
 	if cfg.want("sqlite") {
 		m, stats, err := sqliteMatrix(ctx, cfg, tmp)

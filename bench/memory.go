@@ -64,10 +64,17 @@ func memoryMatrix(cfg *config) *matrix {
 			_ = mb.Release(context.Background(), l)
 		}
 	}
+	// The whole client on the same backend: TryAcquire (a Guard on the
+	// renewal scheduler) + Release.
+	mc, err := sqllock.New(mb, sqllock.Options{Owner: "bench", TTL: defaultTTL})
+	if err != nil {
+		panic(err)
+	}
 	return &matrix{
 		section: "memory",
 		contenders: []contender{
 			backendContender("ashlock-memory", mb, keys, defaultTTL),
+			clientContender("ashlock-memory-client", mc, keys),
 			{name: "mutex-map", newWorker: func(id int, rng *rand.Rand) pairFunc {
 				return func(ctx context.Context) (bool, error) {
 					k := keys[rng.IntN(len(keys))]

@@ -286,12 +286,19 @@ func TestOneLeaderAtATime(t *testing.T) {
 	})
 }
 
-// hangingRenewals makes every renewal hang until its context ends.
+// hangingRenewals makes every renewal hang until its context ends, in
+// either form (the embedded backend's batch renewal would otherwise be
+// promoted and bypass TryRenew).
 type hangingRenewals struct{ *memory.Backend }
 
 func (h hangingRenewals) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
 	<-ctx.Done()
 	return sqllock.Lease{}, errors.Join(sqllock.ErrUnavailable, ctx.Err())
+}
+
+func (h hangingRenewals) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+	<-ctx.Done()
+	return nil, errors.Join(sqllock.ErrUnavailable, ctx.Err())
 }
 
 // No one leads past the guard's local deadline: when renewals hang, the

@@ -111,6 +111,27 @@ func (b *restartBackend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time
 	return nl, err
 }
 
+// TryRenewBatch counts each lease of a batch as TryRenew counts one (the
+// Client renews through it: the embedded Backend's would be promoted).
+func (b *restartBackend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+	res, err := b.Backend.TryRenewBatch(ctx, reqs)
+	for i := range reqs {
+		e := err
+		if e == nil {
+			e = res[i].Err
+		}
+		if e != nil {
+			b.renewFailed.Add(1)
+			b.mu.Lock()
+			b.lastErr = e
+			b.mu.Unlock()
+		} else {
+			b.renewOK.Add(1)
+		}
+	}
+	return res, err
+}
+
 func (b *restartBackend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
 	l, err := b.Backend.TryAcquire(ctx, req)
 	if he, ok := errors.AsType[*sqllock.HeldError](err); ok {

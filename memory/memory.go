@@ -26,8 +26,9 @@ import (
 type Backend struct {
 	now func() time.Time
 
-	mu      sync.Mutex // guards keys
+	mu      sync.Mutex // guards keys and batches
 	keys    map[string]*entry
+	batches uint64 // batch renewals so far
 	signals wait.Signals
 }
 
@@ -36,12 +37,14 @@ type entry struct {
 	held     bool
 	deadline time.Time
 	owner    string
+	batch    uint64 // the last batch renewal that renewed it (see TryRenewBatch)
 	value    []byte // the latest grant's, never changed in place
 }
 
 var (
-	_ sqllock.Backend = (*Backend)(nil)
-	_ sqllock.Watcher = (*Backend)(nil)
+	_ sqllock.Backend      = (*Backend)(nil)
+	_ sqllock.Watcher      = (*Backend)(nil)
+	_ sqllock.BatchRenewer = (*Backend)(nil)
 )
 
 // New returns an empty Backend whose clock is [time.Now].
@@ -119,6 +122,44 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	}
 	e.deadline = now.Add(ttl)
 	return b.lease(l.Key, e, now), nil
+}
+
+// TryRenewBatch implements [sqllock.BatchRenewer]: every element under
+// one lock, at one instant of the backend's clock.
+func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+	if err := sqllock.ValidateRenewBatch(reqs); err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]sqllock.RenewResult, len(reqs))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.batches++
+	now := b.now()
+	for i, r := range reqs {
+		e := b.keys[r.Lease.Key]
+		if lost := state(e, now).Loss(r.Lease); lost != nil {
+			out[i].Err = lost
+			continue
+		}
+		// A lease given twice is renewed once, by the longer TTL.
+		d := now.Add(r.TTL)
+		if e.batch != b.batches || d.After(e.deadline) {
+			e.deadline = d
+		}
+		e.batch = b.batches
+	}
+	for i, r := range reqs {
+		if out[i].Err == nil {
+			out[i].Lease = b.lease(r.Lease.Key, b.keys[r.Lease.Key], now)
+		}
+	}
+	return out, nil
 }
 
 // state is e (nil: no such key) at now, as sqllock.KeyState.

@@ -87,6 +87,56 @@ type Watcher interface {
 	Watch(key string) (<-chan struct{}, func())
 }
 
+// BatchRenewer is implemented by backends that renew many leases in one
+// round trip (one statement, one commit). The [Client] detects it and
+// renews the leases that come due together in one call; without it, it
+// calls [Backend.TryRenew] once per lease.
+//
+// Per-lease semantics are those of TryRenew: each element keeps its own
+// key, token and deadline, and a lost lease never drags another down.
+//
+// A wrapper that embeds a backend to change its TryRenew must change (or
+// hide) TryRenewBatch too: the embedded one is promoted, and the Client
+// would renew through it.
+type BatchRenewer interface {
+	// TryRenewBatch renews each reqs[i].Lease by reqs[i].TTL as TryRenew
+	// would, at one instant of the backend's clock, and returns one result
+	// per request, in order. A lease given more than once (same key and
+	// token) is renewed once, by the longest of its TTLs, and every one of
+	// its elements reports that renewal. The same key with two tokens is
+	// two leases: at most the current one is renewed.
+	//
+	// It validates every element first ([ValidateRenewBatch]) and refuses
+	// a batch with any bad element before any I/O, returning that error and
+	// no results. An empty batch returns no results and does no I/O.
+	//
+	// A non-nil error means the outcome of every element is unknown (the
+	// reply was lost, or the statement failed as a whole): [ErrUnavailable]
+	// and the like, transient as for TryRenew, since repeating a renewal is
+	// safe. Otherwise each result says what happened to its lease: renewed
+	// (Err nil, Lease with the new deadline and the backend time), lost
+	// (Err a [*LostError], as TryRenew), or, for a problem of that element
+	// alone (PostgreSQL: its row was locked by another transaction and was
+	// skipped rather than waited for), a transient error: the caller renews
+	// that lease again on its own, with TryRenew.
+	TryRenewBatch(ctx context.Context, reqs []RenewRequest) ([]RenewResult, error)
+}
+
+// RenewRequest is one element of [BatchRenewer.TryRenewBatch].
+type RenewRequest struct {
+	Lease Lease
+	TTL   time.Duration
+}
+
+// RenewResult is the outcome of one [RenewRequest].
+type RenewResult struct {
+	// Lease is the renewed lease when Err is nil.
+	Lease Lease
+	// Err is nil (renewed), a [*LostError] (lost), or a transient error of
+	// this element alone.
+	Err error
+}
+
 // AcquireRequest is the input of [Backend.TryAcquire].
 type AcquireRequest struct {
 	Key string

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,13 +21,18 @@ type Client struct {
 	log      *slog.Logger
 	owner    string
 	instance string // random, per Client: see request
-	seq      atomic.Uint64
+	// ownerPrefix is owner + "/" + instance + "-": a lease's owner is it
+	// and the acquire call's sequence number.
+	ownerPrefix string
+	seq         atomic.Uint64
 
 	closing chan struct{} // closed by Close: wakes waiting Acquires
 
+	sched *scheduler
+
 	mu     sync.Mutex // guards closed and guards
 	closed bool
-	guards map[*Guard]struct{}
+	guards *Guard // every Guard not yet released, linked through prev/next
 }
 
 // New returns a Client over b. It validates opts and returns an error
@@ -38,6 +44,10 @@ func New(b Backend, opts Options) (*Client, error) {
 	}
 	opts.TTL = cmp.Or(opts.TTL, DefaultTTL)
 	opts.ReleaseTimeout = cmp.Or(opts.ReleaseTimeout, DefaultReleaseTimeout)
+	if opts.MaxRenewBatch < 0 {
+		return nil, fmt.Errorf("%w: MaxRenewBatch %d is negative", ErrInvalidOption, opts.MaxRenewBatch)
+	}
+	opts.MaxRenewBatch = cmp.Or(opts.MaxRenewBatch, DefaultMaxRenewBatch)
 	if opts.Backoff == nil {
 		opts.Backoff = DefaultBackoff
 	}
@@ -61,12 +71,14 @@ func New(b Backend, opts Options) (*Client, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Client{
+	c := &Client{
 		b: b, opts: opts, log: log, owner: opts.Owner,
 		instance: ownerInstance(),
 		closing:  make(chan struct{}),
-		guards:   make(map[*Guard]struct{}),
-	}, nil
+	}
+	c.ownerPrefix = c.owner + "/" + c.instance + "-"
+	c.sched = newScheduler(c)
+	return c, nil
 }
 
 // Owner returns the client's owner name. Each lease's owner is this name
@@ -89,7 +101,11 @@ func (c *Client) request(key string, s settings) AcquireRequest {
 	// of the current lease for the retry of that very call and hands the
 	// same grant back, so two Clients sharing an owner name (say, the
 	// host name) and a sequence number would both hold one lease.
-	return AcquireRequest{Key: key, TTL: s.ttl, Owner: fmt.Sprintf("%s/%s-%d", c.owner, c.instance, c.seq.Add(1)), Value: s.value}
+	// One allocation: the owner is built in a buffer on the stack.
+	var buf [MaxOwnerLen]byte
+	b := append(buf[:0], c.ownerPrefix...)
+	b = strconv.AppendUint(b, c.seq.Add(1), 10)
+	return AcquireRequest{Key: key, TTL: s.ttl, Owner: string(b), Value: s.value}
 }
 
 // prepare validates a call's input before any I/O.
@@ -361,8 +377,8 @@ func (c *Client) Close(ctx context.Context) error {
 	}
 	c.closed = true
 	close(c.closing)
-	guards := make([]*Guard, 0, len(c.guards))
-	for g := range c.guards {
+	var guards []*Guard
+	for g := c.guards; g != nil; g = g.next {
 		guards = append(guards, g)
 	}
 	c.mu.Unlock()
@@ -391,10 +407,31 @@ func (c *Client) releaseContext(ctx context.Context) (context.Context, context.C
 	return context.WithTimeout(ctx, c.opts.ReleaseTimeout)
 }
 
+// link adds g to the client's Guards. Called with c.mu held.
+func (c *Client) link(g *Guard) {
+	g.next = c.guards
+	if c.guards != nil {
+		c.guards.prev = g
+	}
+	c.guards = g
+}
+
+// forget removes g from the client's Guards, if it is there.
 func (c *Client) forget(g *Guard) {
 	c.mu.Lock()
-	delete(c.guards, g)
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	if g.prev == nil && c.guards != g {
+		return // not linked
+	}
+	if g.prev != nil {
+		g.prev.next = g.next
+	} else {
+		c.guards = g.next
+	}
+	if g.next != nil {
+		g.next.prev = g.prev
+	}
+	g.prev, g.next = nil, nil
 }
 
 // sleep waits for d, or until ctx ends, whichever is first. (The backends

@@ -7,9 +7,11 @@
 //
 // A [Client] takes leases from a [Backend]. [Client.TryAcquire] makes one
 // attempt; [Client.Acquire] waits; [Client.Do] acquires, runs a function
-// and releases. Each returns or uses a [Guard]: the held lease plus a
-// watchdog that renews it in the background and cancels [Guard.Context] the
-// moment the holder can no longer be sure it holds the lock.
+// and releases. Each returns or uses a [Guard]: the held lease, which the
+// Client's renewal scheduler renews in the background (with the other
+// leases due at about the same time, in one round trip where the backend
+// can: [BatchRenewer]), and whose [Guard.Context] is cancelled the moment
+// the holder can no longer be sure it holds the lock.
 //
 //	c, _ := sqllock.New(backend, sqllock.Options{})
 //	err := c.Do(ctx, "nightly-report", nil, func(ctx context.Context, g *sqllock.Guard) error {
@@ -38,8 +40,10 @@
 // (time just before the request was sent) + TTL - margin. The lease began at
 // the database no earlier than the request was sent, so the local deadline
 // is never later than the database's deadline, whatever the network delay,
-// as long as the two clocks run at nearly the same rate. The watchdog renews
-// every TTL/3 and retries transient errors until the local deadline.
+// as long as the two clocks run at nearly the same rate. The scheduler
+// renews every TTL/3 and retries transient errors until the local
+// deadline; a lease renewed in a batch counts its local deadline from the
+// batch's send time.
 //
 // # Lease loss
 //
@@ -89,11 +93,13 @@
 //     create a second tenure.
 //   - G7: invalid input fails before any I/O, the same way on every backend.
 //   - G8: after Release or cancellation no goroutine of the Guard remains,
-//     unless Release's context (or ReleaseTimeout) ended before the
-//     watchdog returned: then a renewal still in flight is cancelled and
-//     the goroutine, with any connection it holds, ends when the backend
-//     call returns. Backends may keep shared resources of their own until
-//     their Close (the PostgreSQL backend's LISTEN connection).
+//     unless Release's context (or ReleaseTimeout) ended before the batch
+//     renewing its lease returned: a batch that other live leases share
+//     goes on to its end, and one that no live lease needs any more is
+//     cancelled and its goroutine, with any connection it holds, ends when
+//     the backend call returns. A Client with no Guards has no goroutine.
+//     Backends may keep shared resources of their own until their Close
+//     (the PostgreSQL backend's LISTEN connection).
 //
 // Not promised: exclusion for unfenced side effects when A2 or A3 fail;
 // FIFO fairness among waiters; progress while the database is down;
@@ -119,8 +125,8 @@
 //     have been applied. The client settles acquires by repeating the same
 //     request; when it cannot, no Guard is handed out and this is returned.
 //   - [ErrUnavailable]: a transient backend failure (connection lost,
-//     read-only server, busy SQLite file). The watchdog retries it until the
-//     local deadline; it is never a loss by itself.
+//     read-only server, busy SQLite file). The scheduler retries it until
+//     the local deadline; it is never a loss by itself.
 //   - [ErrInvalidKey], [ErrInvalidTTL], [ErrInvalidOwner],
 //     [ErrInvalidToken]: bad input, refused before any I/O by every backend.
 //   - [ErrSchemaMissing]: the lock table does not exist; run `sqllock

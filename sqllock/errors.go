@@ -55,7 +55,7 @@ var (
 
 	// ErrUnavailable marks a transient backend failure: the database could not
 	// be reached, the connection broke, or the server is read-only (a standby
-	// after failover). The watchdog retries such errors until the local
+	// after failover). The scheduler retries such errors until the local
 	// deadline; they are never a lease loss by themselves.
 	ErrUnavailable = errors.New("sqllock: backend unavailable")
 
@@ -191,20 +191,20 @@ type KeyState struct {
 // Loss returns why lease l is not valid in state s, or nil when s shows l
 // held and unexpired. A lease released by someone else names them (By).
 func (s KeyState) Loss(l Lease) *LostError {
-	e := &LostError{Key: l.Key, Token: l.Token}
+	// Built only for a loss: Loss runs on every renewal and release, and a
+	// LostError made up front would cost each of them an allocation.
 	switch {
 	case !s.Found || l.Token > s.Token:
-		e.Reason = LostReleased // nothing was ever granted under l.Token here
+		// Nothing was ever granted under l.Token here.
+		return &LostError{Key: l.Key, Token: l.Token, Reason: LostReleased}
 	case l.Token < s.Token:
-		e.Reason, e.Current = LostTaken, s.Token
+		return &LostError{Key: l.Key, Token: l.Token, Reason: LostTaken, Current: s.Token}
 	case !s.Held:
-		e.Reason, e.By = LostReleased, s.Owner
+		return &LostError{Key: l.Key, Token: l.Token, Reason: LostReleased, By: s.Owner}
 	case s.Expired:
-		e.Reason = LostExpired
-	default:
-		return nil
+		return &LostError{Key: l.Key, Token: l.Token, Reason: LostExpired}
 	}
-	return e
+	return nil
 }
 
 // ReleasedByOwner reports whether s shows lease l released by l's own

@@ -8,10 +8,11 @@ import (
 	"time"
 )
 
-// Guard is one held lease and its watchdog. The watchdog renews the lease
-// every renew interval and cancels [Guard.Context] the moment the lease is
-// lost or its local deadline passes without a successful renewal. A Guard is
-// safe for concurrent use.
+// Guard is one held lease. The Client's renewal scheduler renews it every
+// renew interval, together with the other leases due at about the same
+// time, and cancels [Guard.Context] the moment the lease is lost or its
+// local deadline passes without a successful renewal. A Guard is safe for
+// concurrent use.
 //
 // The local deadline is (monotonic time just before the last successful
 // acquire or renew request was sent) + TTL - margin. Because the lease
@@ -19,29 +20,44 @@ import (
 // deadline is never later than the backend's deadline, whatever the network
 // delay, as long as the clocks run at nearly the same rate.
 type Guard struct {
-	c     *Client
-	s     settings
-	key   string
-	token int64
-	ctx   context.Context
-	// cancel ends ctx; the first cause wins: a *LostError, ErrReleased, or
-	// the parent context's cause.
-	cancel context.CancelCauseFunc
+	c      *Client
+	s      settings
+	key    string
+	token  int64
+	owner  string
+	parent context.Context // the acquire context
+	// stopParent stops the watch on parent (nil when parent never ends).
+	stopParent func() bool
 
-	// wdCtx stops the watchdog and aborts a renewal in flight.
-	wdCtx    context.Context
-	wdCancel context.CancelFunc
-	done     chan struct{} // closed when the watchdog has returned
-	finished chan struct{} // closed when the release has completed
+	mu    sync.Mutex // guards the fields below
+	lease Lease
+	local time.Time // the local deadline; never moves back
+	// ctx is made on first use (Context, Done): most Guards of a busy
+	// client are never asked for it. cause is why the Guard ended, set
+	// once: the first of a *LostError, ErrReleased, or the parent
+	// context's cause; ctx, once made, is cancelled with it.
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	cause     error
+	lastErr   error         // the last transient renewal error, nil after a success
+	attempt   int           // consecutive failed scheduled renewals
+	lost      *LostError    // set once, at the first definite loss
+	finishing bool          // set once, by the first Release (or the parent's end)
+	finished  bool          // the release has completed; finishErr is its result
+	finishCh  chan struct{} // made by a Release that waits for another; closed when finished
+	finishErr error
+	lostIn    *batch // the batch in flight when the lease was lost, if any
 
-	mu        sync.Mutex // guards the fields below
-	lease     Lease
-	local     time.Time   // the local deadline; never moves back
-	expiry    *time.Timer // fires at local; Stop+Reset under mu
-	lastErr   error       // the last transient renewal error, nil after a success
-	lost      *LostError  // set once, at the first definite loss
-	finishing bool        // set once, by the first Release (or the watchdog)
-	finishErr error       // the result of the release, valid after finished
+	// Scheduling, guarded by the scheduler's mu.
+	due      time.Time // the next renewal
+	expAt    time.Time // the local deadline, as the scheduler's heap has it
+	dueIdx   int       // index in the scheduler's due heap, -1 if not there
+	expIdx   int       // index in the scheduler's deadline heap, -1 if not there
+	inFlight *batch    // the batch carrying this lease's renewal, if any
+	alone    bool      // renew it next on its own (TryRenew), not in a batch
+
+	// The Client's list of Guards, guarded by the Client's mu.
+	prev, next *Guard
 
 	obs *guardObs // for the Observer's events (observe.go); nil without one
 }
@@ -63,24 +79,30 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 		return nil, &LostError{Key: l.Key, Token: l.Token, Reason: LostExpired,
 			Err: errors.New("the acquire reply arrived after the local deadline")}
 	}
-	g := &Guard{c: c, s: s, key: l.Key, token: l.Token, lease: l, local: local, done: make(chan struct{}), finished: make(chan struct{})}
-	g.ctx, g.cancel = context.WithCancelCause(parent)
-	g.wdCtx, g.wdCancel = context.WithCancel(context.Background())
+	g := &Guard{c: c, s: s, key: l.Key, token: l.Token, owner: l.Owner, parent: parent,
+		lease: l, local: local, dueIdx: -1, expIdx: -1}
 	g.observeStart(sent)
-	g.mu.Lock()
-	g.expiry = time.AfterFunc(time.Until(local), g.localDeadlinePassed)
-	g.mu.Unlock()
 
 	c.mu.Lock()
 	closed := c.closed
 	if !closed {
-		c.guards[g] = struct{}{}
+		c.link(g)
 	}
 	c.mu.Unlock()
-	go g.watchdog(sent)
 	if closed {
-		_ = g.Release(parent)
+		g.finishing = true
+		g.cause = ErrClosed
+		ctx, cancel := c.releaseContext(parent)
+		defer cancel()
+		g.finishErr = g.releaseBackend(ctx)
+		g.finished = true
 		return nil, ErrClosed
+	}
+	c.sched.add(g, sent.Add(s.interval), local)
+	if parent.Done() != nil {
+		g.mu.Lock()
+		g.stopParent = context.AfterFunc(parent, g.parentEnded)
+		g.mu.Unlock()
 	}
 	return g, nil
 }
@@ -114,23 +136,55 @@ func (g *Guard) LocalDeadline() time.Time {
 // a [*LostError] matching [ErrLeaseLost]), released (cause [ErrReleased]), or
 // when the context passed to acquire ends. Read the reason with
 // [context.Cause].
-func (g *Guard) Context() context.Context { return g.ctx }
+func (g *Guard) Context() context.Context {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ctx == nil {
+		g.ctx, g.cancel = context.WithCancelCause(g.parent)
+		if g.cause != nil {
+			g.cancel(g.cause)
+		}
+	}
+	return g.ctx
+}
 
 // Done is shorthand for g.Context().Done().
-func (g *Guard) Done() <-chan struct{} { return g.ctx.Done() }
+func (g *Guard) Done() <-chan struct{} { return g.Context().Done() }
 
 // Err returns nil while the lease is held, else why it is not: a
 // [*LostError], [ErrReleased], or the acquire context's cause.
 func (g *Guard) Err() error {
-	if g.ctx.Err() == nil {
-		return nil
+	g.mu.Lock()
+	cause := g.cause
+	g.mu.Unlock()
+	if cause != nil {
+		return cause
 	}
-	return context.Cause(g.ctx)
+	if g.parent.Err() != nil {
+		return context.Cause(g.parent)
+	}
+	return nil
 }
 
-// Renew renews the lease now, in addition to the watchdog's schedule, and
+// endLocked records why the Guard ended, unless it already had, and
+// cancels its context. The parent's end, if it came first, is the cause.
+// Called with g.mu held.
+func (g *Guard) endLocked(cause error) {
+	if g.cause != nil {
+		return
+	}
+	if g.parent.Err() != nil {
+		cause = context.Cause(g.parent)
+	}
+	g.cause = cause
+	if g.cancel != nil {
+		g.cancel(cause)
+	}
+}
+
+// Renew renews the lease now, in addition to the scheduler's renewals, and
 // returns the renewed lease. A definite loss ends the Guard; a transient
-// error is returned and left to the watchdog to retry.
+// error is returned and left to the scheduler to retry.
 func (g *Guard) Renew(ctx context.Context) (Lease, error) {
 	if err := g.Err(); err != nil {
 		return Lease{}, err
@@ -177,27 +231,96 @@ func (g *Guard) renew(ctx context.Context) (_ Lease, final error) {
 			g.lastErr = err
 		}
 		return Lease{}, err
-	case !g.expiry.Stop():
+	case !time.Now().Before(g.local):
 		// The local deadline passed while the renewal was in flight; the
-		// timer's callback is declaring the loss. A late success does not
+		// scheduler is declaring the loss. A late success does not
 		// revive the Guard.
 		return Lease{}, errRenewTooLate
 	}
+	g.extendLocked(sent, l)
+	g.c.sched.reschedule(g, nil, time.Time{}, g.local, false)
+	return l, nil
+}
+
+// extendLocked applies a successful renewal sent at sent. Called with g.mu
+// held, before the local deadline.
+func (g *Guard) extendLocked(sent time.Time, l Lease) {
 	l.Value = g.lease.Value // a renewal never changes it, whatever the backend echoes
 	if nl := sent.Add(g.s.ttl - g.s.margin); nl.After(g.local) {
 		g.local = nl
 	}
 	if l.Deadline.After(g.lease.Deadline) {
-		g.lease = l // concurrent renewals may complete out of order
+		g.lease = l // renewals may complete out of order
 	}
 	g.lastErr = nil
-	g.expiry.Reset(time.Until(g.local))
-	return l, nil
 }
 
-// localDeadlinePassed runs on the expiry timer's goroutine: no renewal was
-// confirmed by the backend in time, whether they failed, hung, or could not
-// be sent.
+// applyRenewal applies the outcome of a scheduled renewal sent at sent in
+// batch b: a success extends the local deadline from sent and schedules the
+// next renewal one interval after sent; a loss ends the Guard; a transient
+// error retries with backoff (at once and on its own when alone: an error
+// of this lease alone in a batch).
+func (g *Guard) applyRenewal(b *batch, sent, replied time.Time, l Lease, err error, alone bool) {
+	sc := g.c.sched
+	g.mu.Lock()
+	local := g.local
+	if g.lost != nil || g.finishing {
+		sc.landed(g, b)
+		var final error = ErrReleased
+		if g.lost != nil {
+			final = g.lost
+		}
+		g.mu.Unlock()
+		if g.c.opts.Observer != nil {
+			g.observeRenew(sent, replied, local, err, &final)
+		}
+		return
+	}
+	now := time.Now()
+	var final error // the renewal's result for the Guard, as renew returns it
+	attempt, lost := 0, false
+	switch {
+	case err == nil && !now.Before(g.local):
+		// The local deadline passed while the renewal was in flight: the
+		// scheduler ends the Guard at it; a late success does not revive.
+		final = errRenewTooLate
+		sc.landed(g, b)
+	case err == nil:
+		g.extendLocked(sent, l)
+		g.attempt = 0
+		sc.reschedule(g, b, sent.Add(g.s.interval), g.local, false)
+	case errors.Is(err, ErrLeaseLost) && mutantOn(mutantGuardIgnoresLoss):
+		final = err
+		sc.reschedule(g, b, now.Add(g.s.interval), time.Time{}, false)
+	case errors.Is(err, ErrLeaseLost):
+		final, lost = err, true
+		sc.landed(g, b)
+	default:
+		final = err
+		g.lastErr = err
+		g.attempt++
+		attempt = g.attempt
+		next := now.Add(min(g.c.opts.Backoff(attempt), g.s.interval))
+		if alone {
+			next = now
+		}
+		sc.reschedule(g, b, next, time.Time{}, alone)
+	}
+	g.mu.Unlock()
+	if g.c.opts.Observer != nil {
+		g.observeRenew(sent, replied, local, err, &final)
+	}
+	switch {
+	case attempt > 0:
+		g.logRenewFailure(attempt, err)
+	case lost:
+		g.lose(err)
+	}
+}
+
+// localDeadlinePassed runs on the scheduler when the local deadline came
+// without a renewal confirmed by the backend, whether they failed, hung, or
+// could not be sent.
 func (g *Guard) localDeadlinePassed() {
 	g.mu.Lock()
 	last := g.lastErr
@@ -205,7 +328,10 @@ func (g *Guard) localDeadlinePassed() {
 	g.lose(&LostError{Key: g.key, Token: g.token, Reason: LostUnreachable, Err: last})
 }
 
-// lose records the first definite loss and cancels the Guard's context.
+// lose records the first definite loss, ends the Guard and unschedules it.
+// After a loss the lease is not released by the client: it may still be
+// valid at the backend for up to the margin, and that margin belongs to the
+// holder that is stopping.
 func (g *Guard) lose(err error) {
 	var le *LostError
 	if !errors.As(err, &le) {
@@ -217,89 +343,65 @@ func (g *Guard) lose(err error) {
 		return
 	}
 	g.lost = le
-	g.expiry.Stop()
+	// Unscheduled before the context ends: a Release that the end wakes
+	// finds the batch in flight (if any) and waits for it, so that it
+	// reaches the backend after the renewal.
+	b, last := g.c.sched.remove(g)
+	g.lostIn = b
+	g.endLocked(le)
+	ours := g.cause == le
 	g.mu.Unlock()
-	g.cancel(le)
-	g.noteLoss(le)
+	if last {
+		b.abandon() // no live lease needs it any more
+	}
+	g.stopWatchingParent()
+	g.noteLoss(le, ours)
 }
 
-// watchdog renews the lease every interval, counted from the send time of
-// the last successful renewal, and retries transient failures with backoff
-// until the local deadline. It returns when the Guard is released or lost,
-// or when the acquire context ends (then it releases the lease). After a
-// loss it does not release: the lease may still be valid at the backend for
-// up to the margin, and that margin belongs to the holder that is stopping.
-func (g *Guard) watchdog(sent time.Time) {
-	defer close(g.done)
-	t := time.NewTimer(time.Until(sent.Add(g.s.interval)))
-	defer t.Stop()
-	for attempt := 0; ; {
-		select {
-		case <-g.wdCtx.Done():
-			return
-		case <-g.ctx.Done():
-			g.mu.Lock()
-			lost := g.lost != nil
-			g.mu.Unlock()
-			if !lost {
-				g.parentEnded()
-			}
-			return
-		case <-t.C:
-		}
-		sent := time.Now()
-		_, err := g.renew(g.wdCtx)
-		switch {
-		case err == nil:
-			attempt = 0
-			t.Reset(time.Until(sent.Add(g.s.interval)))
-		case errors.Is(err, ErrLeaseLost) && mutantOn(mutantGuardIgnoresLoss):
-			t.Reset(g.s.interval)
-		case errors.Is(err, ErrLeaseLost):
-			g.lose(err)
-		case errors.Is(err, errRenewTooLate), errors.Is(err, ErrReleased):
-			// The timer callback or Release owns what happens next.
-			t.Reset(g.s.interval)
-		default:
-			attempt++
-			g.logRenewFailure(attempt, err)
-			t.Reset(min(g.c.opts.Backoff(attempt), g.s.interval))
-		}
+func (g *Guard) stopWatchingParent() {
+	g.mu.Lock()
+	stop := g.stopParent
+	g.mu.Unlock()
+	if stop != nil {
+		stop()
 	}
 }
 
-// parentEnded runs on the watchdog when the acquire context ended before
-// Release: the lease is released on the caller's behalf, bounded by
-// ReleaseTimeout.
+// parentEnded runs when the acquire context ended before Release: the
+// lease is released on the caller's behalf, bounded by ReleaseTimeout.
 func (g *Guard) parentEnded() {
 	g.mu.Lock()
-	first := !g.finishing
-	g.finishing = true
-	g.mu.Unlock()
-	if !first {
+	if g.finishing || g.lost != nil {
+		g.mu.Unlock()
 		return
 	}
+	g.finishing = true
+	g.endLocked(context.Cause(g.parent))
+	g.mu.Unlock()
 	ctx, cancel := g.c.releaseContext(context.Background())
 	defer cancel()
-	g.finishErr = g.releaseBackend(ctx)
-	close(g.finished)
+	b, last := g.c.sched.remove(g)
+	g.awaitBatch(ctx, b, true, last)
+	g.finish(g.releaseBackend(ctx))
+	g.awaitBatch(ctx, b, false, false)
 }
 
-// Release ends the lease and stops the watchdog. It is safe to call more
-// than once, and from several goroutines; every call returns the first
-// call's result, except a later call whose context ends while the first is
-// still at the backend (it returns its context's error). If the lease had
-// been lost before, it returns the [*LostError], so the caller learns that
-// its critical section may have overlapped another holder's; if the backend
-// found the lease no longer valid, it returns that [ErrLeaseLost].
+// Release ends the lease. It is safe to call more than once, and from
+// several goroutines; every call returns the first call's result, except a
+// later call whose context ends while the first is still at the backend
+// (it returns its context's error). If the lease had been lost before, it
+// returns the [*LostError], so the caller learns that its critical section
+// may have overlapped another holder's; if the backend found the lease no
+// longer valid, it returns that [ErrLeaseLost].
 //
 // Release is bounded by ctx and by Options.ReleaseTimeout; if ctx has
 // already ended, the release still runs, bounded by ReleaseTimeout alone.
-// It cancels a renewal in flight and waits for the watchdog to return for
-// at most half of that bound before it releases, and for the rest of the
-// bound after: a renewal stuck in a backend that ignores cancellation ends
-// on its own, later (a renewal applied after the release finds nothing to
-// renew).
+// A renewal of the lease in flight (a batch it shares with other leases)
+// is not cancelled: Release waits for it for at most half of that bound
+// before it releases, so that the release is the lease's last operation at
+// the backend, and for the rest of the bound after. A renewal stuck in a
+// backend that does not answer ends on its own, at its deadline (a renewal
+// applied after the release finds nothing to renew).
 func (g *Guard) Release(ctx context.Context) error {
 	ctx, cancel := g.c.releaseContext(ctx)
 	defer cancel()
@@ -309,58 +411,103 @@ func (g *Guard) Release(ctx context.Context) error {
 // release is Release with its bound already set: ctx is used as it is.
 func (g *Guard) release(ctx context.Context) error {
 	g.mu.Lock()
-	first := !g.finishing
-	g.finishing = true
-	g.expiry.Stop()
-	g.mu.Unlock()
-	// The Guard stops counting as held before anything is sent: once the
-	// backend applies the release another client may take the key, and the
-	// release may take longer than the local deadline. From here on no
-	// renewal result is applied (renew checks finishing), so the lease
-	// read by releaseBackend no longer changes.
-	g.cancel(ErrReleased)
-	g.wdCancel()
-	if first {
-		// The renewal in flight, if any, was just cancelled: give the
-		// watchdog up to half of the bound to return, so that the release
-		// is the lease's last operation at the backend (and the order of
-		// the two never depends on scheduling), but keep the other half
-		// for the release itself when a backend ignores cancellation.
-		g.awaitWatchdog(ctx)
-		g.finishErr = g.releaseBackend(ctx)
-		close(g.finished)
-	} else {
+	if g.finishing {
+		if g.finished {
+			err := g.finishErr
+			g.mu.Unlock()
+			return err
+		}
+		if g.finishCh == nil {
+			g.finishCh = make(chan struct{})
+		}
+		ch := g.finishCh
+		g.mu.Unlock()
 		select {
-		case <-g.finished:
+		case <-ch:
 		case <-ctx.Done():
 			return fmt.Errorf("sqllock: release of %q (token %d) still in progress: %w", g.key, g.token, ctx.Err())
 		}
+		g.mu.Lock()
+		err := g.finishErr
+		g.mu.Unlock()
+		return err
 	}
-	select {
-	case <-g.done:
-	case <-ctx.Done():
+	g.finishing = true
+	// The Guard stops counting as held before anything is sent: once the
+	// backend applies the release another client may take the key, and the
+	// release may take longer than the local deadline. From here on no
+	// renewal result is applied (applyRenewal checks finishing), so the
+	// lease read by releaseBackend no longer changes.
+	g.endLocked(ErrReleased)
+	g.mu.Unlock()
+	b, last := g.c.sched.remove(g)
+	if b == nil {
+		b = g.lostBatch()
 	}
-	return g.finishErr
+	g.stopWatchingParent()
+	g.awaitBatch(ctx, b, true, last)
+	err := g.releaseBackend(ctx)
+	g.finish(err)
+	g.awaitBatch(ctx, b, false, false)
+	return err
 }
 
-// awaitWatchdog waits for the watchdog to return, for at most half of the
-// time ctx has left.
-func (g *Guard) awaitWatchdog(ctx context.Context) {
+// lostBatch is the batch that was in flight when the lease was lost.
+func (g *Guard) lostBatch() *batch {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.lostIn
+}
+
+// finish records the release's result and wakes the Releases waiting for it.
+func (g *Guard) finish(err error) {
+	g.mu.Lock()
+	g.finishErr = err
+	g.finished = true
+	if g.finishCh != nil {
+		close(g.finishCh)
+	}
+	g.mu.Unlock()
+}
+
+// awaitBatch waits for the batch carrying the lease's renewal to land: for
+// at most half of the time ctx has left (half), or until ctx ends. If the
+// batch is still in flight then and last is set (the lease was the last
+// live one in it), it cancels the batch (no lease needs its result, and a
+// backend that has not answered by now is not answering) and waits for it
+// to return for at most half of what is left.
+func (g *Guard) awaitBatch(ctx context.Context, b *batch, half, last bool) {
+	if b == nil {
+		return
+	}
+	select {
+	case <-b.done:
+		return
+	default:
+	}
 	wait := ctx
-	if deadline, ok := ctx.Deadline(); ok {
+	if deadline, ok := ctx.Deadline(); ok && half {
 		var cancel context.CancelFunc
 		wait, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
 		defer cancel()
 	}
 	select {
-	case <-g.done:
+	case <-b.done:
+		return
 	case <-wait.Done():
+	}
+	if last {
+		b.abandon()
+		// A backend that heeds the cancellation returns at once: let it,
+		// so that the release still comes after the renewal at the
+		// backend; one that does not gets half of what is left.
+		g.awaitBatch(ctx, b, true, false)
 	}
 }
 
 // releaseBackend releases the lease at the backend (unless a newer token or
 // a release already ended it), within ctx, and forgets the Guard. It runs
-// once, after the Guard's context has ended.
+// once, after the Guard has ended.
 func (g *Guard) releaseBackend(ctx context.Context) (err error) {
 	defer g.c.forget(g)
 	if g.c.opts.Observer != nil {
@@ -386,7 +533,7 @@ func (g *Guard) releaseBackend(ctx context.Context) (err error) {
 		return lost
 	}
 	if err != nil {
-		g.c.logReleaseFailure(g.ctx, lease, err)
+		g.c.logReleaseFailure(g.parent, lease, err)
 	}
 	return err
 }

@@ -11,4 +11,8 @@ const (
 	// mutantGuardIgnoresLoss keeps a guard alive when a renewal reports the
 	// lease lost (it is still cancelled at its local deadline).
 	mutantGuardIgnoresLoss
+	// mutantBatchDeadlineFromReply computes the local deadlines of the
+	// guards renewed by a batch from the time the batch's reply arrived
+	// instead of the time it was sent.
+	mutantBatchDeadlineFromReply
 )

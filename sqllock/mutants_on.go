@@ -12,8 +12,9 @@ import "sync/atomic"
 var activeMutant atomic.Int32
 
 var mutantNames = map[mutant]string{
-	mutantDeadlineFromReply: "deadline-from-reply",
-	mutantGuardIgnoresLoss:  "guard-ignores-loss",
+	mutantDeadlineFromReply:      "deadline-from-reply",
+	mutantGuardIgnoresLoss:       "guard-ignores-loss",
+	mutantBatchDeadlineFromReply: "batch-deadline-from-reply",
 }
 
 func mutantOn(m mutant) bool { return mutant(activeMutant.Load()) == m }

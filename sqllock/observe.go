@@ -12,8 +12,8 @@ import (
 
 // Observer receives what a [Client] does, as typed events: one optional
 // func per kind, called synchronously on the goroutine that did the work
-// (the caller of an acquire or Release, the Guard's renewal goroutine, the
-// local-deadline timer). A nil func skips its kind; a nil *Observer, the
+// (the caller of an acquire or Release, the Client's renewal scheduler, for
+// a batch one event per lease, or the local-deadline timer). A nil func skips its kind; a nil *Observer, the
 // default, costs nothing: no event is built and nothing is allocated.
 //
 // The funcs must be safe for concurrent use and must not block: a slow
@@ -23,10 +23,11 @@ import (
 // record may). Package otelsqllock turns events into OpenTelemetry metrics
 // and spans.
 //
-// The ctx of an acquire event is the context passed to the acquire; that
-// of a Guard's events (renewal, release, loss, start and end) is
-// [Guard.Context], which carries the values of the acquire's context (a
-// trace span, say) and may already be cancelled.
+// The ctx of an acquire event is the context passed to the acquire, and
+// so is that of a Guard's events (renewal, release, loss, start and end):
+// it carries the acquire's values (a trace span, say), as [Guard.Context]
+// does, which is derived from it and is made only when asked for (the
+// Guard's end is in the event, not in the context).
 type Observer struct {
 	// AcquireAttempt: one acquire request answered by the backend (or
 	// failed), from TryAcquire, Acquire (each attempt) or Do.
@@ -36,7 +37,8 @@ type Observer struct {
 	// before any I/O (invalid input, a closed Client) are not reported.
 	Acquire func(ctx context.Context, e AcquireEvent)
 	// Renew: one renewal answered by the backend (or failed), from the
-	// watchdog or [Guard.Renew].
+	// renewal scheduler (one event per lease of a batch, all with the
+	// batch's send time and duration) or [Guard.Renew].
 	Renew func(ctx context.Context, e RenewEvent)
 	// Release: a Guard's release has ended (Release, Do, Close, or the
 	// release after the acquire's context ended). Each Guard releases once.
@@ -317,7 +319,7 @@ func (g *Guard) observeStart(sent time.Time) {
 	}
 	g.obs = &guardObs{start: sent, owner: g.lease.Owner}
 	if o.GuardStart != nil {
-		o.GuardStart(g.ctx, g.event())
+		o.GuardStart(g.parent, g.event())
 	}
 }
 
@@ -341,7 +343,7 @@ func (g *Guard) observeEnd(outcome Outcome, err error) {
 	if o := g.c.opts.Observer; o != nil && o.GuardEnd != nil {
 		e := g.event()
 		e.Outcome, e.Held, e.Err = outcome, g.heldFor(), err
-		o.GuardEnd(g.ctx, e)
+		o.GuardEnd(g.parent, e)
 	}
 }
 
@@ -359,16 +361,17 @@ func (g *Guard) observeRenew(sent, replied, local time.Time, berr error, final *
 		// Guard is (being) lost.
 		outcome = OutcomeLate
 	}
-	o.Renew(g.ctx, RenewEvent{
+	o.Renew(g.parent, RenewEvent{
 		Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token,
 		Outcome: outcome, Start: sent, Duration: replied.Sub(sent), Slack: local.Sub(replied), Err: berr,
 	})
 }
 
 // noteLoss logs and reports the Guard's loss le, just recorded by lose.
-func (g *Guard) noteLoss(le *LostError) {
-	if g.ctx.Err() != nil && context.Cause(g.ctx) == le {
-		g.c.log.WarnContext(g.ctx, "sqllock: lease lost", g.logAttrs("reason", le.Reason.Name(), "err", le.Err)...)
+// ours says whether le is the Guard's cause (no earlier end).
+func (g *Guard) noteLoss(le *LostError, ours bool) {
+	if ours {
+		g.c.log.WarnContext(g.parent, "sqllock: lease lost", g.logAttrs("reason", le.Reason.Name(), "err", le.Err)...)
 	}
 	g.observeLost(le, time.Now())
 }
@@ -380,7 +383,7 @@ func (g *Guard) observeLost(le *LostError, at time.Time) {
 		return
 	}
 	if o := g.c.opts.Observer; o != nil && o.Lost != nil {
-		o.Lost(g.ctx, LostEvent{
+		o.Lost(g.parent, LostEvent{
 			Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token,
 			Reason: le.Reason, Held: g.heldFor(), Err: le,
 		})
@@ -397,13 +400,13 @@ func (g *Guard) observeRelease(start time.Time, err *error) {
 	}
 	if g.markEnded(start) {
 		outcome := OutcomeReleased
-		if !errors.Is(context.Cause(g.ctx), ErrReleased) {
+		if !errors.Is(g.Err(), ErrReleased) {
 			outcome = OutcomeCanceled // the acquire's context ended first
 		}
 		g.observeEnd(outcome, g.Err())
 	}
 	if o := g.c.opts.Observer; o != nil && o.Release != nil {
-		o.Release(g.ctx, ReleaseEvent{
+		o.Release(g.parent, ReleaseEvent{
 			Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token,
 			Outcome: outcomeOf(*err, OutcomeReleased), Start: start, Duration: time.Since(start),
 			Held: g.heldFor(), Err: *err,
@@ -416,11 +419,11 @@ func (g *Guard) logAttrs(more ...any) []any {
 	return append([]any{"key", g.key, "token", g.token, "owner", g.Lease().Owner, "backend", g.c.opts.BackendName}, more...)
 }
 
-// logRenewFailure logs a transient renewal failure, which the watchdog
+// logRenewFailure logs a transient renewal failure, which the scheduler
 // retries.
 func (g *Guard) logRenewFailure(attempt int, err error) {
-	if g.c.log.Enabled(g.ctx, slog.LevelDebug) {
-		g.c.log.DebugContext(g.ctx, "sqllock: renewal failed, retrying", g.logAttrs("attempt", attempt, "err", err)...)
+	if g.c.log.Enabled(g.parent, slog.LevelDebug) {
+		g.c.log.DebugContext(g.parent, "sqllock: renewal failed, retrying", g.logAttrs("attempt", attempt, "err", err)...)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 const (
 	DefaultTTL            = 30 * time.Second
 	DefaultReleaseTimeout = 5 * time.Second
+	DefaultMaxRenewBatch  = 1000
 )
 
 // Options configure a [Client]. The zero value of every field means its
@@ -43,6 +44,22 @@ type Options struct {
 	// the TTL of every lease the client takes, so that one failed renewal
 	// leaves time for another.
 	RenewInterval time.Duration
+
+	// RenewWindow is how early a lease may be renewed so that it shares a
+	// round trip with others: when a lease comes due, every lease due
+	// within the window is renewed with it, in one batch on a backend that
+	// renews many leases at once ([BatchRenewer]; memory, SQLite and
+	// PostgreSQL do). Leases renewed together stay together, so a client
+	// holding thousands of leases sends a few statements per renew
+	// interval instead of one per lease. Default: a quarter of the lease's
+	// renew interval. It must be at least [MinInterval] and at most half
+	// the renew interval of every lease the client takes.
+	RenewWindow time.Duration
+
+	// MaxRenewBatch bounds the leases renewed by one call to the backend;
+	// more leases due at once are sent as several batches, in parallel.
+	// Default [DefaultMaxRenewBatch].
+	MaxRenewBatch int
 
 	// Margin is the safety margin subtracted from the local deadline:
 	// local deadline = (monotonic time just before the request was sent) +
@@ -131,7 +148,7 @@ var ErrInvalidOption = errors.New("sqllock: invalid option")
 // OptionError says which option is out of bounds, and the bound: a timing
 // that is not a TTL (ValidateTTL's errors are for TTLs).
 type OptionError struct {
-	Field string        // "RenewInterval", "Margin", "ReleaseTimeout" or "AcquireOptions.Wait"
+	Field string        // "RenewInterval", "RenewWindow", "Margin", "ReleaseTimeout" or "AcquireOptions.Wait"
 	Value time.Duration // as given
 	Min   time.Duration // the smallest accepted value
 }
@@ -150,8 +167,8 @@ func (e *OptionError) Unwrap() []error { return []error{ErrInvalidOption, ErrInv
 
 // settings are the resolved timings of one lease.
 type settings struct {
-	ttl, interval, margin time.Duration
-	value                 []byte
+	ttl, interval, margin, window time.Duration
+	value                         []byte
 }
 
 // settingsFor resolves the timings of a lease from the client options and
@@ -185,6 +202,16 @@ func (o *Options) settingsFor(ao *AcquireOptions) (settings, error) {
 	}
 	if s.interval <= 0 || s.interval > s.ttl/2 {
 		return s, fmt.Errorf("%w: renew interval %v must be in (0, TTL/2] for TTL %v", ErrInvalidTTL, s.interval, s.ttl)
+	}
+	if o.RenewWindow > 0 && o.RenewWindow < MinInterval {
+		return s, &OptionError{Field: "RenewWindow", Value: o.RenewWindow, Min: MinInterval}
+	}
+	s.window = o.RenewWindow
+	if s.window == 0 {
+		s.window = s.interval / 4
+	}
+	if s.window < 0 || s.window > s.interval/2 {
+		return s, fmt.Errorf("%w: renew window %v must be in [0, interval/2] for renew interval %v", ErrInvalidOption, s.window, s.interval)
 	}
 	s.margin = o.Margin
 	if s.margin == 0 {

@@ -112,3 +112,19 @@ func ValidatePrefix(prefix string) error {
 	}
 	return ValidateKey(prefix)
 }
+
+// ValidateRenewBatch checks every element of a batch renewal as TryRenew
+// checks its arguments ([ValidateLease], [ValidateTTL]) and returns the
+// first bad element's error, which names its index and matches the same
+// sentinel.
+func ValidateRenewBatch(reqs []RenewRequest) error {
+	for i, r := range reqs {
+		if err := ValidateLease(r.Lease); err != nil {
+			return fmt.Errorf("renewal %d of %d: %w", i, len(reqs), err)
+		}
+		if err := ValidateTTL(r.TTL); err != nil {
+			return fmt.Errorf("renewal %d of %d: %w", i, len(reqs), err)
+		}
+	}
+	return nil
+}

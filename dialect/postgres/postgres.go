@@ -147,7 +147,7 @@ type Backend struct {
 	log    *slog.Logger
 
 	// The statements, with the table filled in.
-	renewSQL, peekSQL, fenceSQL, channelSQL string
+	renewSQL, renewBatchSQL, peekSQL, fenceSQL, channelSQL string
 	// stmts are the statements that use the columns of migrations 00003
 	// ("waited") and 00004 ("value"), or, once a statement met a table
 	// without them, their forms without (see withStatements).
@@ -182,8 +182,9 @@ type markStatements struct {
 }
 
 var (
-	_ sqllock.Backend = (*Backend)(nil)
-	_ sqllock.Watcher = (*Backend)(nil)
+	_ sqllock.Backend      = (*Backend)(nil)
+	_ sqllock.Watcher      = (*Backend)(nil)
+	_ sqllock.BatchRenewer = (*Backend)(nil)
 )
 
 // New returns a Backend that keeps its locks in the table named by opts, on
@@ -262,6 +263,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	b.marked, b.noValue, b.legacy = forms(true, true), forms(true, false), forms(false, false)
 	b.stmts.Store(b.marked)
 	b.renewSQL = fill(renewSQL)
+	b.renewBatchSQL = fill(renewBatchSQL)
 	b.peekSQL = fill(peekSQL)
 	b.fenceSQL = fill(fenceSQL)
 	b.channelSQL = fill(channelSQL)
@@ -449,6 +451,82 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	l.Deadline = deadline
 	l.BackendTime = now
 	return l, nil
+}
+
+// TryRenewBatch implements [sqllock.BatchRenewer] in one statement and one
+// commit (see renewBatchSQL), whatever the number of leases. A lease whose
+// row another transaction holds locked (a fenced transaction, a waiter's
+// mark) is not waited for: its result is a transient error, and the client
+// renews it on its own. A batch of unknown outcome (context ended or
+// connection broke in flight) is [sqllock.ErrUnavailable] for every
+// lease: repeating it is safe.
+func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+	if err := sqllock.ValidateRenewBatch(reqs); err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, notSent(opRenew, reqs[0].Lease.Key, err)
+	}
+	// Each lease once, with the longest TTL asked for it.
+	type id struct {
+		key   string
+		token int64
+	}
+	at := make(map[id]int, len(reqs))
+	keys := make([]string, 0, len(reqs))
+	tokens := make([]int64, 0, len(reqs))
+	micros := make([]int64, 0, len(reqs))
+	for _, r := range reqs {
+		k := id{r.Lease.Key, r.Lease.Token}
+		m := leaseMicros(r.TTL)
+		if i, ok := at[k]; ok {
+			micros[i] = max(micros[i], m)
+			continue
+		}
+		at[k] = len(keys)
+		keys, tokens, micros = append(keys, k.key), append(tokens, k.token), append(micros, m)
+	}
+	type row struct {
+		renewed, held bool
+		current       int64
+		deadline, now time.Time
+	}
+	rows := make([]row, len(keys))
+	var key string
+	var token int64
+	var r row
+	err := b.queryRows(ctx, b.renewBatchSQL, []any{keys, tokens, micros},
+		[]any{&key, &token, &r.renewed, &r.deadline, &r.current, &r.held, &r.now}, func() error {
+			i, ok := at[id{key, token}]
+			if !ok {
+				return fmt.Errorf("sqllock/postgres: batch renewal returned an unknown lease %q token %d", key, token)
+			}
+			rows[i] = r
+			return nil
+		})
+	if err != nil {
+		return nil, b.translate(ctx, opRenew, keys[0], err)
+	}
+	out := make([]sqllock.RenewResult, len(reqs))
+	for j, rq := range reqs {
+		l := rq.Lease
+		r := rows[at[id{l.Key, l.Token}]]
+		switch {
+		case r.now.IsZero():
+			out[j].Err = fmt.Errorf("%w: sqllock/postgres: batch renewal returned no row for %q token %d", sqllock.ErrUnavailable, l.Key, l.Token)
+		case r.renewed:
+			l.Deadline, l.BackendTime = r.deadline, r.now
+			out[j].Lease = l
+		case r.current == l.Token && r.held && r.deadline.After(r.now):
+			out[j].Err = fmt.Errorf("%w: sqllock/postgres: the row of %q was locked by another transaction; renew it alone", sqllock.ErrUnavailable, l.Key)
+		default:
+			out[j].Err = lostReason(l, r.current, r.held, r.deadline, r.now)
+		}
+	}
+	return out, nil
 }
 
 // lostReason explains why lease l could not be renewed or fenced, from the

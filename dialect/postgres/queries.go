@@ -215,6 +215,57 @@ SELECT false, coalesce(c.deadline, n.now), coalesce(c.token, 0), coalesce(c.held
 FROM now AS n LEFT JOIN {{table}} AS c ON c.key = $1
 WHERE NOT EXISTS (SELECT FROM upd)`
 
+// renewBatchSQL renews many leases in one statement and one commit: lease
+// (key $1[i], token $2[i]) to now + $3[i] microseconds iff it is held and
+// unexpired, with every rule of renewSQL: the database clock read once
+// (one "now" for the whole batch), {{durable}} raising synchronous_commit
+// for the statement's own transaction, greatest() so that no deadline
+// moves back, and an UPDATE of the deadline only, which the token-forward
+// trigger of migration 00002 lets through. The Go side sends each lease
+// (key, token) once, with the longest TTL asked for it.
+//
+// The rows are locked first, in key order (no deadlock between two
+// batches), and a row locked by another transaction is skipped rather than
+// waited for (SKIP LOCKED): a fenced transaction holding one lease's row
+// FOR SHARE must not stall the renewal of every other lease in the batch.
+// The client renews a skipped lease again on its own, with renewSQL, which
+// waits for the row.
+//
+// It returns one row per request row: the key and token, renewed, the new
+// deadline (or the current one), the current token (0 when the key has no
+// row) and held flag as the snapshot saw them, and the database time used.
+// A lease valid in the snapshot but not renewed was skipped (its row was
+// locked), or changed after the snapshot: either way the caller asks again
+// on its own.
+const renewBatchSQL = `
+WITH now AS MATERIALIZED (
+    SELECT clock_timestamp() AS now,
+           {{durable}} AS durable
+), req AS MATERIALIZED (
+    SELECT r.key, r.token, r.micros
+    FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS r(key, token, micros)
+), lk AS MATERIALIZED (
+    SELECT l.key, r.token, r.micros
+    FROM {{table}} AS l
+    JOIN req AS r ON l.key = r.key AND l.token = r.token
+    CROSS JOIN now AS n
+    WHERE l.held AND l.deadline > n.now
+    ORDER BY l.key
+    FOR NO KEY UPDATE OF l SKIP LOCKED
+), upd AS (
+    UPDATE {{table}} AS l
+    SET deadline = greatest(l.deadline, n.now + k.micros * interval '1 microsecond')
+    FROM lk AS k, now AS n
+    WHERE l.key = k.key AND l.token = k.token
+    RETURNING l.key, l.token, l.deadline
+)
+SELECT r.key, r.token, u.key IS NOT NULL AS renewed,
+       coalesce(u.deadline, c.deadline, n.now), coalesce(c.token, 0), coalesce(c.held, false), n.now
+FROM req AS r
+CROSS JOIN now AS n
+LEFT JOIN upd AS u ON u.key = r.key AND u.token = r.token
+LEFT JOIN {{table}} AS c ON c.key = r.key AND u.key IS NULL`
+
 // releaseSQL clears held on lease ($1, $2) iff its token is current, keeping
 // the token and deadline, and records $3 as the owner who released it. It
 // returns one row: released, whether the released lease was still valid

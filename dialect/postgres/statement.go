@@ -68,6 +68,27 @@ func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...
 	})
 }
 
+// queryRows is queryRow for a statement that returns many rows: it scans
+// each row into dest and calls each. On a resend (see queryRow) the rows
+// come again from the start.
+func (b *Backend) queryRows(ctx context.Context, sql string, args []any, dest []any, each func() error) error {
+	return b.retryConflicts(ctx, func() error {
+		c, err := b.pool.Acquire(ctx)
+		if err != nil {
+			return notSentError{err}
+		}
+		defer c.Release()
+		rows, err := c.Query(ctx, sql, args...)
+		if err == nil {
+			_, err = pgx.ForEachRow(rows, dest, each)
+		}
+		if unusable(err) {
+			discard(ctx, c.Conn())
+		}
+		return err
+	})
+}
+
 // retryConflicts runs send, one statement on the pool, until it does not
 // fail with a conflict (see queryRow), at most conflictAttempts times and
 // while ctx lasts. Its error after the last attempt is a *conflictError.

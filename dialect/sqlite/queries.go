@@ -73,6 +73,22 @@ UPDATE {{table}} SET deadline = CASE
 WHERE key = ?1
 RETURNING token, held, deadline, {{now}}`
 
+	// renewAtSQL is renewSQL at a given instant, ?4 (ms), read once for a
+	// whole batch (nowSQL) inside its write transaction, so that every
+	// lease of the batch is renewed at one instant of the database clock.
+	// The instant is from before the statement, so the deadline it sets is
+	// earlier than renewSQL's would be, never later; max() keeps a later
+	// deadline that a lease already has (a deadline never moves back).
+	renewAtSQL = `
+UPDATE {{table}} SET deadline = CASE
+	WHEN token = ?2 AND held AND deadline > ?4 THEN max(deadline, ?4 + ?3)
+	ELSE deadline END
+WHERE key = ?1
+RETURNING token, held, deadline`
+
+	// nowSQL reads the database clock.
+	nowSQL = `SELECT {{now}}`
+
 	// releaseSQL: ?1 key, ?2 token, ?3 owner. Clears held iff ?2 is the
 	// current token and held, and records ?3 as who released; returns the deadline so the caller knows whether the
 	// lease had expired (deadline <= now) before it was released. No row

@@ -162,6 +162,7 @@ type Backend struct {
 
 	// The statements, with the table and clock filled in.
 	acquireSQL, renewSQL, releaseSQL, peekSQL, listSQL, listFromSQL string
+	renewAtSQL, nowSQL                                              string
 
 	retryTimeout time.Duration
 	writeSlot    chan struct{} // one write statement at a time per Backend
@@ -176,8 +177,9 @@ type Backend struct {
 }
 
 var (
-	_ sqllock.Backend = (*Backend)(nil)
-	_ sqllock.Watcher = (*Backend)(nil)
+	_ sqllock.BatchRenewer = (*Backend)(nil)
+	_ sqllock.Backend      = (*Backend)(nil)
+	_ sqllock.Watcher      = (*Backend)(nil)
 )
 
 // resolve returns o with the defaults filled in, validated.
@@ -354,6 +356,8 @@ func (b *Backend) renderQueries(now string) {
 	t := sqlident.QuoteSQLite(b.table)
 	b.acquireSQL = render(acquireSQL, t, now)
 	b.renewSQL = render(renewSQL, t, now)
+	b.renewAtSQL = render(renewAtSQL, t, now)
+	b.nowSQL = render(nowSQL, t, now)
 	b.releaseSQL = render(releaseSQL, t, now)
 	b.peekSQL = render(peekSQL, t, now)
 	b.listSQL = render(listSQL, t, now)
@@ -499,6 +503,113 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	}
 	return sqllock.Lease{}, fmt.Errorf("sqllock/sqlite: TryRenew %q: unexpected row (token %d, held %v, deadline %d, now %d)",
 		l.Key, token, held, deadline, now)
+}
+
+// TryRenewBatch implements [sqllock.BatchRenewer]: every lease of the batch
+// in one write transaction (BEGIN IMMEDIATE, so no other writer can come
+// between its statements), at one instant of the database clock read in
+// it, and so one commit, one fsync with synchronous=FULL, for the whole
+// batch. Each lease (key, token) is renewed once, with the longest TTL
+// asked for it. A batch of unknown outcome is [sqllock.ErrUnavailable]
+// for every lease: repeating it is safe.
+func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+	if err := sqllock.ValidateRenewBatch(reqs); err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	type id struct {
+		key   string
+		token int64
+	}
+	type row struct {
+		found, held     bool
+		token, deadline int64
+		ms              int64
+	}
+	at := make(map[id]int, len(reqs))
+	var ids []id
+	var rows []row
+	for _, r := range reqs {
+		k := id{r.Lease.Key, r.Lease.Token}
+		if i, ok := at[k]; ok {
+			rows[i].ms = max(rows[i].ms, leaseMillis(r.TTL))
+			continue
+		}
+		at[k] = len(ids)
+		ids = append(ids, k)
+		rows = append(rows, row{ms: leaseMillis(r.TTL)})
+	}
+	var now int64
+	err := b.write(ctx, func(ctx context.Context) error {
+		return b.inWriteTx(ctx, func(conn *sql.Conn) error {
+			if err := conn.QueryRowContext(ctx, b.nowSQL).Scan(&now); err != nil {
+				return err
+			}
+			st, err := conn.PrepareContext(ctx, b.renewAtSQL)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			for i, k := range ids {
+				r := &rows[i]
+				err := st.QueryRowContext(ctx, k.key, k.token, r.ms, now).Scan(&r.token, &r.held, &r.deadline)
+				r.found = err == nil
+				if err != nil && !errors.Is(err, sql.ErrNoRows) {
+					return err
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		err = b.translate(err, true)
+		if errors.Is(err, sqllock.ErrIndeterminate) || !errors.Is(err, sqllock.ErrUnavailable) && !errors.Is(err, sqllock.ErrSchemaMissing) {
+			err = fmt.Errorf("%w: sqllock/sqlite: batch renewal: %w", sqllock.ErrUnavailable, err)
+		}
+		return nil, err
+	}
+	out := make([]sqllock.RenewResult, len(reqs))
+	for j, rq := range reqs {
+		l := rq.Lease
+		r := rows[at[id{l.Key, l.Token}]]
+		if r.found && r.token == l.Token && r.held && r.deadline > now {
+			l.Deadline, l.BackendTime = time.UnixMilli(r.deadline), time.UnixMilli(now)
+			out[j].Lease = l
+			continue
+		}
+		if lost := keyState(r.found, r.token, r.held, r.deadline, now, "").Loss(l); lost != nil {
+			out[j].Err = lost
+			continue
+		}
+		out[j].Err = fmt.Errorf("%w: sqllock/sqlite: batch renewal of %q: unexpected row (token %d, held %v, deadline %d, now %d)",
+			sqllock.ErrUnavailable, l.Key, r.token, r.held, r.deadline, now)
+	}
+	return out, nil
+}
+
+// inWriteTx runs fn in a write transaction on a connection of its own,
+// begun IMMEDIATE (the write lock at once, whatever the DSN's _txlock), and
+// commits it, or rolls it back if fn fails.
+func (b *Backend) inWriteTx(ctx context.Context, fn func(conn *sql.Conn) error) error {
+	conn, err := b.db.Conn(ctx)
+	if err != nil {
+		return &notSentError{cause: err}
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return err
+	}
+	if err := fn(conn); err != nil {
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+		return err
+	}
+	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+		return err
+	}
+	return nil
 }
 
 // keyState is the key's row (found, token, held, deadline, owner) at now.

@@ -47,6 +47,11 @@ func Run(t *testing.T, h Harness) {
 		{"AcceptedEdgeInputs", testEdgeInputs},
 		{"WatchSignalsRelease", testWatch},
 		{"ValueTravelsWithTheLease", testValue},
+		{"BatchMixedOutcomes", testBatchMixedOutcomes},
+		{"BatchKeyTwice", testBatchKeyTwice},
+		{"BatchEmpty", testBatchEmpty},
+		{"BatchBadElementBeforeIO", testBatchBadElement},
+		{"BatchMany", testBatchMany},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -51,6 +51,11 @@ const (
 	Hang Kind = "hang"
 	// ClockJump steps the database clock ([DB.StepClock]).
 	ClockJump Kind = "clock_jump"
+	// Busy fails one element of a batch renewal that is otherwise
+	// applied: its row was locked and skipped (as PostgreSQL's batch
+	// renewal does), a transient error of that element alone. It is drawn
+	// per element, only for batches that get no other fault.
+	Busy Kind = "busy"
 )
 
 // CallKinds are the per-call faults, in draw order.
@@ -243,8 +248,9 @@ type Backend struct {
 }
 
 var (
-	_ sqllock.Backend = (*Backend)(nil)
-	_ sqllock.Watcher = (*Backend)(nil)
+	_ sqllock.Backend      = (*Backend)(nil)
+	_ sqllock.Watcher      = (*Backend)(nil)
+	_ sqllock.BatchRenewer = (*Backend)(nil)
 )
 
 // Client returns a wrapper for one client.
@@ -285,7 +291,12 @@ type draw struct {
 
 func (b *Backend) draw(op history.Op) draw {
 	// The owner's random per-Client part is left out: a seed replays.
-	id := fmt.Sprintf("%s\x00%s\x00%s\x00%d", op.Kind, op.Key, history.NormalizeOwner(op.Owner), op.Token)
+	return b.drawID(fmt.Sprintf("%s\x00%s\x00%s\x00%d", op.Kind, op.Key, history.NormalizeOwner(op.Owner), op.Token))
+}
+
+// drawID draws the fault of the call identified by id (see the package
+// doc).
+func (b *Backend) drawID(id string) draw {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := b.seen[id]
@@ -489,6 +500,230 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	}
 	op := history.Op{Kind: history.Renew, Key: l.Key, Owner: l.Owner, Token: l.Token, TTL: ttl}
 	return b.call(ctx, op, func(ctx context.Context) (sqllock.Lease, error) { return b.db.inner.TryRenew(ctx, l, ttl) })
+}
+
+// TryRenewBatch implements [sqllock.BatchRenewer]. Each element is recorded
+// as a renew operation of its own, called and returned with the batch. The
+// batch as a whole gets one fault, drawn from the identities of its
+// elements: fail before (none applied), fail after (all applied, the reply
+// lost: every element's outcome unknown), delay, or hang; a batch without
+// one may have single elements fail as Busy. The inner backend's batch
+// renewal applies the batch at one instant (a per-element TryRenew if it
+// has none).
+func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+	if err := sqllock.ValidateRenewBatch(reqs); err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	rec := b.db.rec
+	ops := make([]history.Op, len(reqs))
+	ids := make([]int, len(reqs))
+	parts := make([]string, len(reqs))
+	for i, r := range reqs {
+		ops[i] = history.Op{Kind: history.Renew, Key: r.Lease.Key, Owner: r.Lease.Owner, Token: r.Lease.Token, TTL: r.TTL, Client: b.cfg.Client}
+		if rec != nil {
+			ops[i].Call = rec.Now()
+			ids[i] = rec.BeginOp(ops[i])
+		}
+		parts[i] = fmt.Sprintf("%s\x00%s\x00%d", r.Lease.Key, history.NormalizeOwner(r.Lease.Owner), r.Lease.Token)
+	}
+	sort.Strings(parts)
+	dr := b.drawID("renew-batch\x00" + strings.Join(parts, "\x01"))
+	if b.down() {
+		dr.kind = "dead"
+	}
+	busy := make([]bool, len(reqs))
+	if dr.kind == "" {
+		for i, op := range ops {
+			if b.drawBusy(op) {
+				busy[i] = true
+			}
+		}
+	}
+	inject := func(k Kind, key string) {
+		b.db.count(k)
+		if rec != nil {
+			rec.Fault(history.Fault{Client: b.cfg.Client, Kind: string(k), Op: history.Renew, Key: key, At: rec.Now()})
+		}
+	}
+	if dr.kind != "" && dr.kind != "dead" {
+		inject(dr.kind, "")
+	}
+	for i, bz := range busy {
+		if bz {
+			inject(Busy, ops[i].Key)
+		}
+	}
+	res, err := b.runBatch(ctx, ops, ids, reqs, busy, dr)
+	if rec != nil {
+		for i := range ops {
+			rec.EndOp(ids[i], func(o *history.Op) {
+				o.Return = rec.Now()
+				o.Fault = string(dr.kind)
+				e := err
+				if e == nil {
+					e = res[i].Err
+				}
+				if e == nil && busy[i] {
+					e = errBusy
+				}
+				o.Outcome = history.Classify(e)
+				if e != nil {
+					o.Err = e.Error()
+				} else {
+					o.DBNow, o.Deadline = res[i].Lease.BackendTime.UnixNano(), res[i].Lease.Deadline.UnixNano()
+				}
+				if busy[i] {
+					o.Fault = string(Busy)
+				}
+			})
+		}
+	}
+	return res, err
+}
+
+var errBusy = fmt.Errorf("%w: injected: row busy, not renewed in the batch", sqllock.ErrUnavailable)
+
+// drawBusy draws whether op, an element of a batch renewal without a
+// fault of its own, fails alone.
+func (b *Backend) drawBusy(op history.Op) bool {
+	b.mu.Lock()
+	p := b.cfg.Prob[Busy]
+	b.mu.Unlock()
+	if p == 0 {
+		return false
+	}
+	id := fmt.Sprintf("busy\x00%s\x00%s\x00%d", op.Key, history.NormalizeOwner(op.Owner), op.Token)
+	b.mu.Lock()
+	n := b.seen[id]
+	b.seen[id] = n + 1
+	b.mu.Unlock()
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	rng := rand.New(rand.NewPCG(b.cfg.Seed^(uint64(b.cfg.Client+1)*0x9e3779b97f4a7c15), h.Sum64()+n*0xbf58476d1ce4e5b9))
+	return rng.Float64() < p
+}
+
+// applyBatch applies the elements of a batch renewal that are not busy at
+// the backend, unless the client is down, and records each application.
+func (b *Backend) applyBatch(ctx context.Context, ops []history.Op, ids []int, reqs []sqllock.RenewRequest, busy []bool) ([]sqllock.RenewResult, bool) {
+	if b.down() {
+		return nil, false
+	}
+	db := b.db
+	if db.opts.Audit {
+		db.mu.Lock()
+		defer db.mu.Unlock()
+	}
+	var now time.Time
+	if db.opts.Clock != nil {
+		now = db.opts.Clock.Now()
+	}
+	var send []sqllock.RenewRequest
+	var at []int
+	for i, r := range reqs {
+		if !busy[i] {
+			send = append(send, r)
+			at = append(at, i)
+		}
+	}
+	out := make([]sqllock.RenewResult, len(reqs))
+	for i := range out {
+		if busy[i] {
+			out[i].Err = errBusy
+		}
+	}
+	var res []sqllock.RenewResult
+	var err error
+	if br, ok := db.inner.(sqllock.BatchRenewer); ok {
+		res, err = br.TryRenewBatch(ctx, send)
+	} else {
+		res = make([]sqllock.RenewResult, len(send))
+		for j, r := range send {
+			res[j].Lease, res[j].Err = db.inner.TryRenew(ctx, r.Lease, r.TTL)
+		}
+	}
+	if err != nil {
+		for _, i := range at {
+			out[i].Err = err
+		}
+		return out, true
+	}
+	for j, i := range at {
+		out[i] = res[j]
+	}
+	if db.rec != nil && db.opts.Audit {
+		for _, i := range at {
+			op := ops[i]
+			o := history.Classify(out[i].Err)
+			if o != history.OK && o != history.Lost {
+				continue
+			}
+			a := history.Audit{Kind: op.Kind, Key: op.Key, Owner: op.Owner, Token: op.Token, Outcome: o, TTL: op.TTL,
+				DBNow: now.UnixNano(), At: db.rec.Now(), Op: ids[i]}
+			if o == history.OK {
+				a.DBNow, a.Deadline = out[i].Lease.BackendTime.UnixNano(), out[i].Lease.Deadline.UnixNano()
+			}
+			db.rec.Apply(a)
+		}
+	}
+	return out, true
+}
+
+// runBatch is run for a batch renewal.
+func (b *Backend) runBatch(ctx context.Context, ops []history.Op, ids []int, reqs []sqllock.RenewRequest, busy []bool, dr draw) ([]sqllock.RenewResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err // not sent
+	}
+	down := func() error {
+		<-ctx.Done()
+		return fmt.Errorf("%w: client is down: %w", sqllock.ErrUnavailable, ctx.Err())
+	}
+	apply := func(c context.Context) ([]sqllock.RenewResult, bool) { return b.applyBatch(c, ops, ids, reqs, busy) }
+	switch dr.kind {
+	case "":
+		res, ok := apply(ctx)
+		if !ok {
+			return nil, down()
+		}
+		return res, nil
+	case "dead":
+		return nil, down()
+	case FailBefore:
+		return nil, fmt.Errorf("%w: injected failure before the batch", sqllock.ErrUnavailable)
+	case FailAfter:
+		apply(context.WithoutCancel(ctx))
+		return nil, lostReply(history.Renew, "injected: batch reply lost after it was applied", nil)
+	case Hang:
+		<-ctx.Done()
+		if dr.apply {
+			apply(context.WithoutCancel(ctx))
+		}
+		return nil, lostReply(history.Renew, "injected hang of the batch", ctx.Err())
+	case Delay:
+		start := time.Now()
+		if !sleepCtx(ctx, dr.d1) {
+			rest := dr.d1 - time.Since(start)
+			b.db.late.Add(1)
+			go func() {
+				defer b.db.late.Done()
+				time.Sleep(rest)
+				apply(context.WithoutCancel(ctx))
+			}()
+			return nil, lostReply(history.Renew, "injected delay of the batch", ctx.Err())
+		}
+		res, ok := apply(context.WithoutCancel(ctx))
+		if !ok {
+			return nil, down()
+		}
+		if !sleepCtx(ctx, dr.d2) {
+			return nil, lostReply(history.Renew, "injected delay of the batch's reply", ctx.Err())
+		}
+		return res, nil
+	}
+	return nil, errors.New("faultbackend: unknown fault")
 }
 
 // Release implements [sqllock.Backend].

@@ -56,6 +56,20 @@ func (m *mutantDB) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durat
 	return nl, err
 }
 
+// TryRenewBatch renews each element through TryRenew, so that the mutant
+// applies to batches too (the memory backend's own batch renewal would be
+// promoted otherwise). The fault wrapper serialises the calls.
+func (m *mutantDB) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+	if err := sqllock.ValidateRenewBatch(reqs); err != nil {
+		return nil, err
+	}
+	out := make([]sqllock.RenewResult, len(reqs))
+	for i, r := range reqs {
+		out[i].Lease, out[i].Err = m.TryRenew(ctx, r.Lease, r.TTL)
+	}
+	return out, nil
+}
+
 func (m *mutantDB) Release(ctx context.Context, l sqllock.Lease) error {
 	if m.mutant != MutantReleaseDeletesRow {
 		return m.Backend.Release(ctx, l)

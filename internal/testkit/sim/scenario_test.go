@@ -2,6 +2,8 @@ package sim_test
 
 import (
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -66,4 +68,134 @@ func TestSimDBClockStep(t *testing.T) {
 	require.Positive(t, clockOverlaps, "the clock step never made two guards overlap: the scenario tested nothing")
 	require.Equal(t, clockOverlaps, detected, "C-GUARD must report every clock-step overlap when steps are not declared")
 	require.Zero(t, f.rep.StaleApplied)
+}
+
+// batchFigures counts, in one history, what SIM-6 is about: batch
+// renewals (renew operations of one client called at one instant), those
+// with more than one lease, with mixed outcomes, with one key twice, and
+// releases sent while a renewal of their lease was in flight.
+type batchFigures struct {
+	batches, multi, mixed, keyTwice, racingReleases int
+	lostReplies, hung                               int // multi-lease batches whose reply was lost, that hung
+}
+
+func countBatches(h *history.History) batchFigures {
+	type id struct {
+		client int
+		call   int64
+	}
+	groups := map[id][]history.Op{}
+	var order []id
+	for _, op := range h.Ops {
+		if op.Kind != history.Renew {
+			continue
+		}
+		k := id{op.Client, op.Call}
+		if groups[k] == nil {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], op)
+	}
+	var f batchFigures
+	for _, k := range order {
+		ops := groups[k]
+		f.batches++
+		if len(ops) < 2 {
+			continue
+		}
+		f.multi++
+		outcomes := map[history.Outcome]bool{}
+		keys := map[string]bool{}
+		twice := false
+		for _, op := range ops {
+			outcomes[op.Outcome] = true
+			twice = twice || keys[op.Key]
+			keys[op.Key] = true
+		}
+		if len(outcomes) > 1 {
+			f.mixed++
+		}
+		if twice {
+			f.keyTwice++
+		}
+		switch ops[0].Fault {
+		case "fail_after":
+			f.lostReplies++
+		case "hang":
+			f.hung++
+		}
+	}
+	for _, rel := range h.Ops {
+		if rel.Kind != history.Release {
+			continue
+		}
+		for _, op := range h.Ops {
+			if op.Kind == history.Renew && op.Client == rel.Client && op.Key == rel.Key && op.Token == rel.Token &&
+				op.Call <= rel.Call && rel.Call < op.Return {
+				f.racingReleases++
+				break
+			}
+		}
+	}
+	return f
+}
+
+// TestSimMany is SIM-6: client processes holding several leases at once,
+// renewed in batches, under the per-call faults applied to whole batches
+// (a lost batch reply leaves every lease in it unknown: each is settled by
+// its own next renewal), hangs past some of its guards' local deadlines
+// (those end on time, the others carry on), busy elements, expiries (mixed
+// outcomes), and releases racing a batch in flight.
+func TestSimMany(t *testing.T) {
+	f := newFigures()
+	var total batchFigures
+	var mu sync.Mutex
+	n := seedCount()
+	if _, ok := seedFromEnv(t); ok {
+		n = 1
+	}
+	var failed atomic.Int32
+	t.Run("seeds", func(t *testing.T) {
+		for s := range shards {
+			t.Run(fmt.Sprintf("shard=%d", s), func(t *testing.T) {
+				t.Parallel()
+				for _, seed := range seedList(t, n) {
+					if seed%shards != uint64(s) && n > 1 {
+						continue
+					}
+					if failed.Load() > 3 {
+						return
+					}
+					res, rep, model, info, wall := runSeed(t, sim.Config{Seed: seed, Scenario: sim.Many})
+					f.add(res, rep, wall)
+					bf := countBatches(res.History)
+					mu.Lock()
+					total.batches += bf.batches
+					total.multi += bf.multi
+					total.mixed += bf.mixed
+					total.keyTwice += bf.keyTwice
+					total.racingReleases += bf.racingReleases
+					total.lostReplies += bf.lostReplies
+					total.hung += bf.hung
+					mu.Unlock()
+					if rep.Anomalies() > 0 {
+						failed.Add(1)
+						failSeed(t, "TestSimMany", res, rep, model, info)
+					}
+				}
+			})
+		}
+	})
+	f.extra = append(f.extra, fmt.Sprintf("batches={renewals:%d, multi_lease:%d, mixed_outcomes:%d, key_twice:%d, reply_lost:%d, hung:%d} releases_racing_a_batch=%d",
+		total.batches, total.multi, total.mixed, total.keyTwice, total.lostReplies, total.hung, total.racingReleases))
+	t.Log(f.line("TestSimMany"))
+	f.requireConfiguredFired(t)
+	require.Zero(t, f.rep.StaleApplied)
+	if n > 1 {
+		require.Positive(t, total.multi, "no batch carried more than one lease: the scenario tested nothing")
+		require.Positive(t, total.mixed, "no batch had mixed outcomes")
+		require.Positive(t, total.racingReleases, "no release raced a batch in flight")
+		require.Positive(t, total.lostReplies, "no multi-lease batch lost its reply")
+		require.Positive(t, total.hung, "no multi-lease batch hung")
+	}
 }

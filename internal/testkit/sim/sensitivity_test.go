@@ -14,7 +14,7 @@ import (
 )
 
 // TestSimCheckerSensitivity is SIM-3: each deliberately broken behaviour
-// must make some checker fail within the seed budget. Two are the client's
+// must make some checker fail within the seed budget. Three are the client's
 // (compiled into sqllock only with the sqllock_mutants build tag, which this
 // file needs: go test -tags sqllock_mutants ./internal/testkit/sim), two the
 // database's (sim.BackendMutants, a wrapper of the memory backend). A client
@@ -25,8 +25,11 @@ import (
 func TestSimCheckerSensitivity(t *testing.T) {
 	budget := uint64(seedCount())
 	f := newFigures()
-	for _, k := range []string{"deadline-from-reply", sim.MutantRenewIgnoresToken, sim.MutantReleaseDeletesRow, "guard-ignores-loss"} {
+	for _, k := range []string{"deadline-from-reply", sim.MutantRenewIgnoresToken, sim.MutantReleaseDeletesRow, "guard-ignores-loss", "batch-deadline-from-reply"} {
 		var cfg sim.Config
+		if k == "batch-deadline-from-reply" {
+			cfg.Scenario = sim.Many // batches of many leases
+		}
 		restore := func() {}
 		if slices.Contains(sim.BackendMutants, k) {
 			cfg.Mutant = k

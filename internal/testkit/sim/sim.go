@@ -56,6 +56,14 @@ const (
 	// ClockStep is SIM-5: 2 clients, 1 key; the database clock steps
 	// forward by 2×margin while the holder holds.
 	ClockStep
+	// Many is SIM-6: 2–3 client processes, each holding several leases at
+	// once from 2–4 concurrent sessions over 4–8 keys, so that its
+	// renewals go out in batches (a renew window of half the interval);
+	// the per-call faults (a batch as a whole: fail before, reply lost,
+	// delay, hang), clock jumps, expiries, and busy elements of a batch
+	// (each active with probability 1/2). No crash or pause: a process's
+	// sessions share its client.
+	Many
 )
 
 // Poll bounds a waiter's sleep between attempts: the Backoff below is at
@@ -108,7 +116,10 @@ type plan struct {
 type client struct {
 	idx                   int
 	ttl, interval, margin time.Duration
+	window                time.Duration // the renew window; 0: the default
+	proc                  int           // the index of its process's first session
 	cmds                  chan plan
+	planned               string // the key of its current plan (driver only)
 
 	// Owned by the client's goroutine.
 	id     int
@@ -164,12 +175,17 @@ func Run(cfg Config) *Result {
 		prob:      map[faultbackend.Kind]float64{},
 		simCounts: map[faultbackend.Kind]int64{},
 	}
-	nClients, nKeys := 2, 1
+	nClients, nKeys, slots := 2, 1, 1
 	switch cfg.Scenario {
 	case Random:
 		nClients, nKeys = 2+w.rng.IntN(4), 1+w.rng.IntN(3)
 		for _, k := range AllKinds {
 			w.active[k] = w.rng.IntN(2) == 0
+		}
+	case Many:
+		nClients, nKeys, slots = 2+w.rng.IntN(2), 4+w.rng.IntN(5), 2+w.rng.IntN(3)
+		for _, k := range append(AllKinds, faultbackend.Busy) {
+			w.active[k] = k != Crash && k != Pause && w.rng.IntN(2) == 0
 		}
 	case Paused:
 		w.active[Pause] = true
@@ -185,6 +201,9 @@ func Run(cfg Config) *Result {
 	if w.active[faultbackend.Hang] {
 		w.prob[faultbackend.Hang] = 0.03
 	}
+	if w.active[faultbackend.Busy] {
+		w.prob[faultbackend.Busy] = 0.1
+	}
 	params := history.Params{Poll: Poll + 2*spread, TokenStep1: true, ClockStepsBeyondMargin: cfg.Scenario == ClockStep}
 	w.rec = history.NewRecorder(fmt.Sprintf("sim-%d", cfg.Scenario), cfg.Seed, params)
 	w.clock = faultbackend.NewClock(time.Now)
@@ -199,31 +218,43 @@ func Run(cfg Config) *Result {
 		w.keys = append(w.keys, fmt.Sprintf("k%d", i))
 	}
 	w.minTTL = time.Hour
-	for i := range nClients {
+	for range nClients {
 		ttl := 2*time.Second + time.Duration(w.rng.Int64N(int64(8*time.Second)))
-		if cfg.Scenario != Random {
+		if cfg.Scenario != Random && cfg.Scenario != Many {
 			ttl = 3*time.Second + time.Duration(w.rng.Int64N(int64(time.Second)))
 		}
-		cl := &client{
-			idx: i, ttl: ttl, margin: ttl / 5,
-			interval: ttl/3 + time.Duration(w.rng.Int64N(int64(50*time.Millisecond))),
-			cmds:     make(chan plan, 1),
+		interval := ttl/3 + time.Duration(w.rng.Int64N(int64(50*time.Millisecond)))
+		for range slots {
+			cl := &client{
+				idx: len(w.clients), ttl: ttl, margin: ttl / 5, interval: interval,
+				proc: len(w.clients) / slots * slots,
+				cmds: make(chan plan, 1),
+			}
+			if slots > 1 {
+				cl.window = interval / 2
+			}
+			w.minTTL = min(w.minTTL, ttl)
+			w.clients = append(w.clients, cl)
 		}
-		w.minTTL = min(w.minTTL, ttl)
-		w.clients = append(w.clients, cl)
 	}
 	w.maxDelay = w.minTTL * 3 / 4
 	w.maxOff = w.minTTL / 5 / 5 // 0.2 × the smallest margin: within A2
-	w.busy = make([]bool, nClients)
-	w.done = make(chan int, nClients)
-	for _, cl := range w.clients {
-		w.incarnate(cl)
+	w.busy = make([]bool, len(w.clients))
+	w.done = make(chan int, len(w.clients))
+	for i, cl := range w.clients {
+		if i%slots == 0 {
+			w.incarnate(cl)
+		} else {
+			// Another session of the same process: its client.
+			p := w.clients[i-i%slots]
+			cl.id, cl.inc, cl.fb, cl.c, cl.ctx, cl.cancel = p.id, p.inc, p.fb, p.c, p.ctx, p.cancel
+		}
 		w.wg.Add(1)
 		go w.loop(cl)
 	}
 
 	switch cfg.Scenario {
-	case Random:
+	case Random, Many:
 		w.drive()
 	case Paused, ClockStep:
 		w.scripted()
@@ -236,7 +267,7 @@ func Run(cfg Config) *Result {
 		res.Counts[k] += v
 	}
 	w.mu.Unlock()
-	for _, k := range append(AllKinds, Partition) {
+	for _, k := range append(AllKinds, Partition, faultbackend.Busy) {
 		if w.active[k] {
 			res.Active = append(res.Active, k)
 		}
@@ -273,6 +304,7 @@ func (w *world) incarnate(cl *client) {
 		Owner:          fmt.Sprintf("c%d.%d", cl.idx, cl.inc),
 		TTL:            cl.ttl,
 		RenewInterval:  cl.interval,
+		RenewWindow:    cl.window,
 		Margin:         cl.margin,
 		Backoff:        Backoff,
 		ReleaseTimeout: time.Second,
@@ -413,8 +445,23 @@ func (w *world) drain() {
 	}
 }
 
+// sibling reports whether another session of client i's process is busy
+// with key. Two sessions of one process never wait for one key at once:
+// they share the backend wrapper, so a release would wake both at the
+// same fake instant and the order of their attempts would be the
+// scheduler's, not the seed's.
+func (w *world) sibling(i int, key string) bool {
+	for j, cl := range w.clients {
+		if j != i && cl.proc == w.clients[i].proc && w.busy[j] && cl.planned == key {
+			return true
+		}
+	}
+	return false
+}
+
 func (w *world) send(i int, p plan) {
 	w.busy[i] = true
+	w.clients[i].planned = p.key
 	w.clients[i].cmds <- p
 }
 
@@ -436,7 +483,9 @@ func (w *world) drive() {
 		default:
 			i := w.rng.IntN(len(w.clients))
 			if !w.busy[i] {
-				w.send(i, w.newPlan(w.clients[i]))
+				if p := w.newPlan(w.clients[i]); !w.sibling(i, p.key) {
+					w.send(i, p)
+				}
 			}
 		}
 		synctest.Wait()
