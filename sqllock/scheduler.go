@@ -1,6 +1,7 @@
 package sqllock
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"sync"
@@ -97,60 +98,25 @@ func (h *guardHeap) idx(g *Guard) int {
 	return g.expIdx
 }
 
-func (h *guardHeap) less(i, j int) bool { return h.key(h.gs[i]).Before(h.key(h.gs[j])) }
+// Len, Less, Swap, Push and Pop implement heap.Interface; the scheduler
+// uses push, remove and fix.
+func (h *guardHeap) Len() int           { return len(h.gs) }
+func (h *guardHeap) Less(i, j int) bool { return h.key(h.gs[i]).Before(h.key(h.gs[j])) }
 
-func (h *guardHeap) swap(i, j int) {
+func (h *guardHeap) Swap(i, j int) {
 	h.gs[i], h.gs[j] = h.gs[j], h.gs[i]
 	h.setIdx(i)
 	h.setIdx(j)
 }
 
-func (h *guardHeap) up(i int) {
-	for i > 0 {
-		p := (i - 1) / 2
-		if !h.less(i, p) {
-			return
-		}
-		h.swap(i, p)
-		i = p
-	}
-}
-
-func (h *guardHeap) down(i int) {
-	n := len(h.gs)
-	for {
-		l := 2*i + 1
-		if l >= n {
-			return
-		}
-		m := l
-		if r := l + 1; r < n && h.less(r, l) {
-			m = r
-		}
-		if !h.less(m, i) {
-			return
-		}
-		h.swap(i, m)
-		i = m
-	}
-}
-
-func (h *guardHeap) push(g *Guard) {
-	h.gs = append(h.gs, g)
+func (h *guardHeap) Push(x any) {
+	h.gs = append(h.gs, x.(*Guard))
 	h.setIdx(len(h.gs) - 1)
-	h.up(len(h.gs) - 1)
 }
 
-// remove takes g out of the heap if it is in it.
-func (h *guardHeap) remove(g *Guard) {
-	i := h.idx(g)
-	if i < 0 {
-		return
-	}
+func (h *guardHeap) Pop() any {
 	last := len(h.gs) - 1
-	if i != last {
-		h.swap(i, last)
-	}
+	g := h.gs[last]
 	h.gs[last] = nil
 	h.gs = h.gs[:last]
 	if h.byDue {
@@ -158,21 +124,25 @@ func (h *guardHeap) remove(g *Guard) {
 	} else {
 		g.expIdx = -1
 	}
-	if i != last {
-		h.down(i)
-		h.up(i)
+	return g
+}
+
+func (h *guardHeap) push(g *Guard) { heap.Push(h, g) }
+
+// remove takes g out of the heap if it is in it.
+func (h *guardHeap) remove(g *Guard) {
+	if i := h.idx(g); i >= 0 {
+		heap.Remove(h, i)
 	}
 }
 
 // fix restores the order after g's key changed, or pushes g.
 func (h *guardHeap) fix(g *Guard) {
-	i := h.idx(g)
-	if i < 0 {
-		h.push(g)
+	if i := h.idx(g); i >= 0 {
+		heap.Fix(h, i)
 		return
 	}
-	h.down(i)
-	h.up(i)
+	h.push(g)
 }
 
 func (h *guardHeap) top() *Guard { return h.gs[0] }
