@@ -112,7 +112,7 @@ func (f *electFigures) add(res *sim.ElectResult, rep *sim.ElectReport, wall time
 	r.Observed += rep.Observed
 	r.Lock.StaleAttempted += rep.Lock.StaleAttempted
 	r.Lock.StaleApplied += rep.Lock.StaleApplied
-	for _, c := range append(append([]string(nil), sim.ElectCheckers...), history.CToken, history.CDBOverlap, history.CGuard, history.CFence, history.CLostUpdate) {
+	for _, c := range electFigureCheckers {
 		f.checkers[c] += rep.Count(c)
 	}
 	f.anomalies += rep.Anomalies()
@@ -121,6 +121,11 @@ func (f *electFigures) add(res *sim.ElectResult, rep *sim.ElectReport, wall time
 		f.slowest, f.slowSeed = wall, res.History.Seed
 	}
 }
+
+// electFigureCheckers are the checkers the figures line counts: the
+// election's own, then the lock checkers that apply to terms.
+var electFigureCheckers = append(append([]string(nil), sim.ElectCheckers...),
+	history.CToken, history.CDBOverlap, history.CGuard, history.CFence, history.CLostUpdate)
 
 func (f *electFigures) line(test string) string {
 	f.mu.Lock()
@@ -131,7 +136,7 @@ func (f *electFigures) line(test string) string {
 	}
 	sort.Slice(kinds, func(i, j int) bool { return kinds[i] < kinds[j] })
 	var checks []string
-	for _, c := range append(append([]string(nil), sim.ElectCheckers...), history.CToken, history.CDBOverlap, history.CGuard, history.CFence, history.CLostUpdate) {
+	for _, c := range electFigureCheckers {
 		checks = append(checks, fmt.Sprintf("%s:%d", c, f.checkers[c]))
 	}
 	r := &f.rep
