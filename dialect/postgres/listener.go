@@ -155,10 +155,12 @@ func (l *listener) session() (listened bool, err error) {
 	// Listening from here on: a watcher added before gets a wake-up (it
 	// may have missed a release), one added after needs none (a spurious
 	// one, between LISTEN and this, costs it one attempt).
+	l.signals.SignalAll()
+	// Published after the wake-ups, so that a test which sees the PID knows
+	// they have all gone out (and may drain them).
 	l.mu.Lock()
 	l.pid = conn.PgConn().PID()
 	l.mu.Unlock()
-	l.signals.SignalAll()
 	for {
 		n, err := conn.WaitForNotification(l.ctx)
 		if err != nil {

@@ -38,9 +38,11 @@ func noWake(t *testing.T, ch <-chan struct{}, what string) {
 func listening(t *testing.T, b *Backend, first <-chan struct{}, others ...<-chan struct{}) {
 	t.Helper()
 	wakeWithin(t, first, 10*time.Second, "the listener's first LISTEN wakes the watchers added before it")
-	// The wake-ups go out in one critical section, in map order: wait for
-	// its end before draining, or a wake-up could land after the drain.
-	require.NotZero(t, b.listener.listeningPID())
+	// The wake-ups go out one by one, in map order: wait for the last (the
+	// listener publishes its PID once they are out) before draining, or a
+	// wake-up could land after the drain.
+	require.Eventually(t, func() bool { return b.listener.listeningPID() != 0 },
+		10*time.Second, time.Millisecond, "the listener publishes its PID after the wake-ups")
 	for _, ch := range others {
 		select {
 		case <-ch:
@@ -171,7 +173,7 @@ func TestWatch(t *testing.T) {
 		require.True(t, ok)
 		// Releases may have been missed while it was away: every waiter is
 		// woken once it listens again.
-		wakeWithin(t, ch, 10*time.Second, "the listener reconnecting after pg_terminate_backend")
+		listening(t, b, ch) // the listener reconnecting after pg_terminate_backend
 		require.NotEqual(t, pid, b.listener.listeningPID())
 
 		l := acquireOK(t, b, "k", "o1", time.Minute)
