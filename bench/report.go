@@ -420,7 +420,7 @@ func (r *Report) markdown() string {
 		}
 	}
 	if gs := r.concs("groupcommit"); len(gs) > 0 {
-		w("\n## Client-side group commit, measured before building it\n\nThe raw durable pair (acquire upsert + release, one statement and one commit each) beside the same statements coalesced across goroutines: acquires (and releases) that arrive while %d statements of their kind are in flight go together in the next one, keys in key order, as a client-side group commit would send them. An upper bound for the client: no validation, no Guards. Target for building it: ≥ 1.5× the raw pair at 64 goroutines.\n\n| contender | %s |\n|---|%s\n", coalescers, cols(gs, "", false), strings.Repeat("--:|", len(gs)))
+		w("\n## Client-side group commit\n\nThe raw durable pair (acquire upsert + release, one statement and one commit each) beside the same statements coalesced across goroutines (acquires, and releases, that arrive while %d statements of their kind are in flight go together in the next one, keys in key order: the best a client could do, with no validation and no Guards), and ashlock's Backend with its group commit (the default: the same rule, one unnest statement per batch, a batch of one sent with the single statement) and without it (`DisableGroupCommit`), each with its default asynchronous release and with `DurableRelease`. Target: the Backend with group commit ≥ 1.5× the raw durable pair at 64 goroutines.\n\n| contender | %s |\n|---|%s\n", coalescers, cols(gs, "", false), strings.Repeat("--:|", len(gs)))
 		for _, c := range []string{"raw", "raw-coalesced", "backend", "backend-durable", "backend-nogc", "backend-durable-nogc"} {
 			if _, ok := r.cell("groupcommit", c, gs[0]); !ok {
 				continue // an older run without it
