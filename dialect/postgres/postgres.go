@@ -133,7 +133,7 @@ type Options struct {
 	DurableRelease bool
 
 	// DisableGroupCommit turns off the client-side group commit: by
-	// default, TryAcquire and Release calls that arrive while two
+	// default, TryAcquire and Release calls that arrive while four
 	// statements of their kind are already in flight from this Backend
 	// wait for one of them to end and then go together, many keys in one
 	// statement and one commit (a busy process makes many grants per WAL
