@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ashlock/ashlock/dialect/postgres"
 )
 
 // Client-side group commit (issue 14, item 3), measured before it is
@@ -193,14 +195,31 @@ func (e *pgEnv) coalescedContender() (contender, func()) {
 	return c, func() { acq.close(); rel.close() }
 }
 
-// groupCommit is the raw durable pair beside the coalesced one.
-func (e *pgEnv) groupCommit(cfg *config) (*matrix, func()) {
+// groupCommit is the raw durable pair beside the coalesced one, and
+// ashlock's Backend with its group commit (the default), with a durable
+// release too, and without group commit, at every concurrency.
+func (e *pgEnv) groupCommit(ctx context.Context, cfg *config) (*matrix, func(), error) {
 	gc, stop := e.coalescedContender()
-	conc := []int{16, 64}
+	noGC, err := postgres.New(e.pool, postgres.Options{Schema: benchSchema, DisableGroupCommit: true})
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	noGCDurable, err := postgres.New(e.pool, postgres.Options{Schema: benchSchema, DisableGroupCommit: true, DurableRelease: true})
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
 	return &matrix{
-		section:    "groupcommit",
-		contenders: []contender{e.rawContender("raw", rawReleaseSQL, nil), gc},
-		conc:       conc, rounds: cfg.rounds, dur: cfg.dur, probe: e, warmup: cfg.warmup(),
+		section: "groupcommit",
+		contenders: []contender{
+			e.rawContender("raw", rawReleaseSQL, nil), gc,
+			backendContender("backend", e.backend, e.keys, e.ttl),
+			backendContender("backend-durable", e.backendDurable, e.keys, e.ttl),
+			backendContender("backend-nogc", noGC, e.keys, e.ttl),
+			backendContender("backend-durable-nogc", noGCDurable, e.keys, e.ttl),
+		},
+		conc: cfg.conc, rounds: cfg.rounds, dur: cfg.dur, probe: e, warmup: cfg.warmup(),
 		statementsPer: true,
-	}, stop
+	}, func() { stop(); noGC.Close(); noGCDurable.Close() }, nil
 }

@@ -186,8 +186,11 @@ func run(ctx context.Context, cfg *config) (err error) {
 		}
 	}
 	if cfg.want("groupcommit") {
-		m, stop := pe.groupCommit(cfg)
-		err := m.run(ctx, logf)
+		m, stop, err := pe.groupCommit(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("groupcommit: %w", err)
+		}
+		err = m.run(ctx, logf)
 		stop()
 		if err != nil {
 			return err

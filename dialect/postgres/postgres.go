@@ -85,7 +85,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -133,6 +132,16 @@ type Options struct {
 	// server crash must not delay the next holder by up to one TTL.
 	DurableRelease bool
 
+	// DisableGroupCommit turns off the client-side group commit: by
+	// default, TryAcquire and Release calls that arrive while four
+	// statements of their kind are already in flight from this Backend
+	// wait for one of them to end and then go together, many keys in one
+	// statement and one commit (a busy process makes many grants per WAL
+	// flush). A call that finds fewer in flight is sent at once, alone,
+	// as without it, so an idle process sees no change. Per-key answers
+	// are the same either way; see TryAcquire and Release.
+	DisableGroupCommit bool
+
 	// Logger receives the listener's connection problems. Nil discards.
 	Logger *slog.Logger
 }
@@ -148,6 +157,14 @@ type Backend struct {
 
 	// The statements, with the table filled in.
 	renewSQL, renewBatchSQL, peekSQL, fenceSQL, channelSQL string
+	// The group commit's batch statements (groupcommit.go), in the forms
+	// with every column (b.marked).
+	acquireBatchSQL, releaseBatchSQL string
+
+	// acquireQ and releaseQ coalesce concurrent TryAcquire and Release
+	// calls (groupcommit.go); their limit is 0 when group commit is off.
+	acquireQ *gcQueue[sqllock.AcquireRequest, sqllock.Lease]
+	releaseQ *gcQueue[sqllock.Lease, struct{}]
 	// stmts are the statements that use the columns of migrations 00003
 	// ("waited") and 00004 ("value"), or, once a statement met a table
 	// without them, their forms without (see withStatements).
@@ -262,6 +279,18 @@ func New(pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	}
 	b.marked, b.noValue, b.legacy = forms(true, true), forms(true, false), forms(false, false)
 	b.stmts.Store(b.marked)
+	b.acquireBatchSQL = fill(acquireBatchSQL)
+	notifyBatch := "0"
+	if b.notify {
+		notifyBatch = notifyBatchSQL
+	}
+	b.releaseBatchSQL = fill(strings.ReplaceAll(releaseBatchSQL, "{{notify_batch}}", notifyBatch))
+	limit := groupCommitInFlight
+	if opts.DisableGroupCommit {
+		limit = 0
+	}
+	b.acquireQ = &gcQueue[sqllock.AcquireRequest, sqllock.Lease]{limit: limit, send: b.sendAcquires}
+	b.releaseQ = &gcQueue[sqllock.Lease, struct{}]{limit: limit, send: b.sendReleases}
 	b.renewSQL = fill(renewSQL)
 	b.renewBatchSQL = fill(renewBatchSQL)
 	b.peekSQL = fill(peekSQL)
@@ -334,15 +363,18 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	if err := ctx.Err(); err != nil {
 		return sqllock.Lease{}, notSent(opAcquire, req.Key, err)
 	}
-	var (
-		granted, held bool
-		token         int64
-		deadline, now time.Time
-		owner         string
-		changed       bool
-	)
 	watched := b.watched(req.Key)
-	var value []byte // the holder's, on refusal
+	if watched || b.acquireQ.limit == 0 {
+		return b.tryAcquire(ctx, req, watched)
+	}
+	return b.acquireQ.do(ctx, req.Key, req, func(ctx context.Context) (sqllock.Lease, error) {
+		return b.tryAcquire(ctx, req, false)
+	}, notSentErr(opAcquire, req.Key), inFlightErr(opAcquire, req.Key))
+}
+
+// tryAcquire sends req alone, in the waiting form when watched.
+func (b *Backend) tryAcquire(ctx context.Context, req sqllock.AcquireRequest, watched bool) (sqllock.Lease, error) {
+	var r acquireRow
 	err := b.withStatements(len(req.Value) > 0, func(st *markStatements) error {
 		q := st.acquire
 		if watched {
@@ -356,36 +388,13 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			}
 			args = append(args, v)
 		}
-		return b.queryRow(ctx, q, args, &granted, &token, &deadline, &held, &owner, &now, &changed, &value)
+		r.value = nil
+		return b.queryRow(ctx, q, args, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.changed, &r.value)
 	})
 	if err != nil {
 		return sqllock.Lease{}, b.translate(ctx, opAcquire, req.Key, err)
 	}
-	switch {
-	case granted:
-		return sqllock.Lease{
-			Key:         req.Key,
-			Token:       token,
-			Owner:       req.Owner,
-			Deadline:    deadline,
-			BackendTime: now,
-			Value:       nonEmpty(req.Value),
-		}, nil
-	case changed:
-		// Held in the snapshot, but the row changed (or was locked) before
-		// the waiter's mark could apply: most likely it was released, without
-		// a notification since it had no mark. Try again soon.
-		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key}
-	case held && deadline.After(now):
-		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key, Owner: owner, Token: token, Remaining: deadline.Sub(now), Value: nonEmpty(value)}
-	case token == math.MaxInt64:
-		return sqllock.Lease{}, fmt.Errorf("%w: %q reached token %d", sqllock.ErrTokenExhausted, req.Key, token)
-	default:
-		// The key had no row and a concurrent first insert won, or the row
-		// looked free in the statement's snapshot but a concurrent acquire
-		// took it first (the UPDATE re-checked the newer row and refused).
-		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key}
-	}
+	return acquired(req, r)
 }
 
 // withStatements runs send with the current statements. If the table lacks
@@ -558,6 +567,17 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err := ctx.Err(); err != nil {
 		return notSent(opRelease, l.Key, err)
 	}
+	if b.releaseQ.limit == 0 {
+		return b.releaseAlone(ctx, l)
+	}
+	_, err := b.releaseQ.do(ctx, l.Key, l, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, b.releaseAlone(ctx, l)
+	}, notSentErr(opRelease, l.Key), inFlightErr(opRelease, l.Key))
+	return err
+}
+
+// releaseAlone sends l's release alone.
+func (b *Backend) releaseAlone(ctx context.Context, l sqllock.Lease) error {
 	for range 3 {
 		err := b.release(ctx, l)
 		if err != errRaced {

@@ -70,7 +70,8 @@ func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...
 
 // queryRows is queryRow for a statement that returns many rows: it scans
 // each row into dest and calls each. On a resend (see queryRow) the rows
-// come again from the start.
+// come again from the start. A statement that succeeded is reported as
+// unsettled as in queryRow (its rows have been handed to each already).
 func (b *Backend) queryRows(ctx context.Context, sql string, args []any, dest []any, each func() error) error {
 	return b.retryConflicts(ctx, func() error {
 		c, err := b.pool.Acquire(ctx)
@@ -78,9 +79,16 @@ func (b *Backend) queryRows(ctx context.Context, sql string, args []any, dest []
 			return notSentError{err}
 		}
 		defer c.Release()
+		pc := c.Conn().PgConn()
+		clearWarning(pc)
 		rows, err := c.Query(ctx, sql, args...)
 		if err == nil {
 			_, err = pgx.ForEachRow(rows, dest, each)
+		}
+		if err == nil {
+			// Committed, but maybe without waiting for the synchronous
+			// standbys (syncwait.go).
+			err = unsettled(ctx, pc)
 		}
 		if unusable(err) {
 			discard(ctx, c.Conn())
