@@ -73,18 +73,26 @@ UPDATE {{table}} SET deadline = CASE
 WHERE key = ?1
 RETURNING token, held, deadline, {{now}}`
 
-	// renewAtSQL is renewSQL at a given instant, ?4 (ms), read once for a
-	// whole batch (nowSQL) inside its write transaction, so that every
-	// lease of the batch is renewed at one instant of the database clock.
-	// The instant is from before the statement, so the deadline it sets is
-	// earlier than renewSQL's would be, never later; max() keeps a later
-	// deadline that a lease already has (a deadline never moves back).
-	renewAtSQL = `
-UPDATE {{table}} SET deadline = CASE
-	WHEN token = ?2 AND held AND deadline > ?4 THEN max(deadline, ?4 + ?3)
-	ELSE deadline END
-WHERE key = ?1
-RETURNING token, held, deadline`
+	// renewBatchSQL is renewSQL for many leases in one statement, at one
+	// given instant, ?2 (ms), read once for the whole batch (nowSQL) inside
+	// its write transaction. ?1 is a JSON array of [key, token, ttl in ms],
+	// one element per key: json_each reads it, so the statement is the same
+	// text for every batch size and binds two parameters, not three per
+	// lease. The instant is from before the statement, so the deadline it
+	// sets is earlier than renewSQL's would be, never later; max() keeps a
+	// later deadline that a lease already has (a deadline never moves back).
+	// As in renewSQL, a row that is not renewed is set to itself (which
+	// writes nothing) and still returned, with its key: the caller tells a
+	// renewal from the returned token, held and deadline, and a key with no
+	// row from its absence. The join reaches each row through the primary
+	// key (TestRenewBatchPlan).
+	renewBatchSQL = `
+UPDATE {{table}} AS l SET deadline = CASE
+	WHEN l.token = r.token AND l.held AND l.deadline > ?2 THEN max(l.deadline, ?2 + r.ms)
+	ELSE l.deadline END
+FROM (SELECT j.value ->> 0 AS key, j.value ->> 1 AS token, j.value ->> 2 AS ms FROM json_each(?1) AS j) AS r
+WHERE l.key = r.key
+RETURNING key, token, held, deadline`
 
 	// nowSQL reads the database clock.
 	nowSQL = `SELECT {{now}}`

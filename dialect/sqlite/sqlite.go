@@ -71,6 +71,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -162,7 +163,7 @@ type Backend struct {
 
 	// The statements, with the table and clock filled in.
 	acquireSQL, renewSQL, releaseSQL, peekSQL, listSQL, listFromSQL string
-	renewAtSQL, nowSQL                                              string
+	renewBatchSQL, nowSQL                                           string
 
 	retryTimeout time.Duration
 	writeSlot    chan struct{} // one write statement at a time per Backend
@@ -356,7 +357,7 @@ func (b *Backend) renderQueries(now string) {
 	t := sqlident.QuoteSQLite(b.table)
 	b.acquireSQL = render(acquireSQL, t, now)
 	b.renewSQL = render(renewSQL, t, now)
-	b.renewAtSQL = render(renewAtSQL, t, now)
+	b.renewBatchSQL = render(renewBatchSQL, t, now)
 	b.nowSQL = render(nowSQL, t, now)
 	b.releaseSQL = render(releaseSQL, t, now)
 	b.peekSQL = render(peekSQL, t, now)
@@ -505,13 +506,14 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		l.Key, token, held, deadline, now)
 }
 
-// TryRenewBatch implements [sqllock.BatchRenewer]: every lease of the batch
-// in one write transaction (BEGIN IMMEDIATE, so no other writer can come
-// between its statements), at one instant of the database clock read in
-// it, and so one commit, one fsync with synchronous=FULL, for the whole
-// batch. Each lease (key, token) is renewed once, with the longest TTL
-// asked for it. A batch of unknown outcome is [sqllock.ErrUnavailable]
-// for every lease: repeating it is safe.
+// TryRenewBatch implements [sqllock.BatchRenewer]: one statement
+// (renewBatchSQL) in one write transaction (BEGIN IMMEDIATE, with the read
+// of the clock before it), at one instant of the database clock, and so one
+// commit, one fsync with synchronous=FULL, for the whole batch. Each key is
+// renewed once: with its largest token among the batch's leases (a smaller
+// one is an older tenure, which cannot be current while the larger exists)
+// and the longest TTL asked for that lease. A batch of unknown outcome is
+// [sqllock.ErrUnavailable] for every lease: repeating it is safe.
 func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
 	if err := sqllock.ValidateRenewBatch(reqs); err != nil {
 		return nil, err
@@ -519,48 +521,54 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 	if len(reqs) == 0 {
 		return nil, nil
 	}
-	type id struct {
-		key   string
-		token int64
+	type ask struct {
+		token, ms int64
+	}
+	asks := make(map[string]ask, len(reqs))
+	for _, r := range reqs {
+		a, ok := asks[r.Lease.Key]
+		ms := leaseMillis(r.TTL)
+		switch {
+		case !ok || r.Lease.Token > a.token:
+			asks[r.Lease.Key] = ask{r.Lease.Token, ms}
+		case r.Lease.Token == a.token:
+			asks[r.Lease.Key] = ask{a.token, max(a.ms, ms)}
+		}
+	}
+	elems := make([][3]any, 0, len(asks))
+	for key, a := range asks {
+		elems = append(elems, [3]any{key, a.token, a.ms})
+	}
+	arg, err := json.Marshal(elems)
+	if err != nil {
+		return nil, err
 	}
 	type row struct {
-		found, held     bool
+		held            bool
 		token, deadline int64
-		ms              int64
 	}
-	at := make(map[id]int, len(reqs))
-	var ids []id
-	var rows []row
-	for _, r := range reqs {
-		k := id{r.Lease.Key, r.Lease.Token}
-		if i, ok := at[k]; ok {
-			rows[i].ms = max(rows[i].ms, leaseMillis(r.TTL))
-			continue
-		}
-		at[k] = len(ids)
-		ids = append(ids, k)
-		rows = append(rows, row{ms: leaseMillis(r.TTL)})
-	}
+	rows := make(map[string]row, len(asks))
 	var now int64
-	err := b.write(ctx, func(ctx context.Context) error {
+	err = b.write(ctx, func(ctx context.Context) error {
 		return b.inWriteTx(ctx, func(conn *sql.Conn) error {
+			clear(rows)
 			if err := conn.QueryRowContext(ctx, b.nowSQL).Scan(&now); err != nil {
 				return err
 			}
-			st, err := conn.PrepareContext(ctx, b.renewAtSQL)
+			rs, err := conn.QueryContext(ctx, b.renewBatchSQL, string(arg), now)
 			if err != nil {
 				return err
 			}
-			defer st.Close()
-			for i, k := range ids {
-				r := &rows[i]
-				err := st.QueryRowContext(ctx, k.key, k.token, r.ms, now).Scan(&r.token, &r.held, &r.deadline)
-				r.found = err == nil
-				if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			defer rs.Close()
+			for rs.Next() {
+				var key string
+				var r row
+				if err := rs.Scan(&key, &r.token, &r.held, &r.deadline); err != nil {
 					return err
 				}
+				rows[key] = r
 			}
-			return nil
+			return rs.Err()
 		})
 	})
 	if err != nil {
@@ -573,13 +581,13 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 	out := make([]sqllock.RenewResult, len(reqs))
 	for j, rq := range reqs {
 		l := rq.Lease
-		r := rows[at[id{l.Key, l.Token}]]
-		if r.found && r.token == l.Token && r.held && r.deadline > now {
+		r, found := rows[l.Key]
+		if found && r.token == l.Token && r.held && r.deadline > now {
 			l.Deadline, l.BackendTime = time.UnixMilli(r.deadline), time.UnixMilli(now)
 			out[j].Lease = l
 			continue
 		}
-		if lost := keyState(r.found, r.token, r.held, r.deadline, now, "").Loss(l); lost != nil {
+		if lost := keyState(found, r.token, r.held, r.deadline, now, "").Loss(l); lost != nil {
 			out[j].Err = lost
 			continue
 		}

@@ -1,0 +1,92 @@
+package sqlite
+
+import (
+	"database/sql"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// TestRenewBatchPlan: the batch statement reaches each row through the
+// primary key, one lookup per lease; a scan of the table per lease would
+// make a batch of n leases on a table of m rows cost n × m.
+func TestRenewBatchPlan(t *testing.T) {
+	t.Parallel()
+	b, _ := openTest(t, Options{})
+	rows, err := b.db.QueryContext(testCtx(t), "EXPLAIN QUERY PLAN "+b.renewBatchSQL, `[["k",1,1000]]`, int64(0))
+	require.NoError(t, err)
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		require.NoError(t, rows.Scan(&id, &parent, &unused, &detail))
+		plan = append(plan, detail)
+	}
+	require.NoError(t, rows.Err())
+	t.Logf("plan: %q", plan)
+	var searched bool
+	for _, step := range plan {
+		require.False(t, strings.HasPrefix(step, "SCAN l"), "the lock table is scanned: %q", plan)
+		searched = searched || strings.HasPrefix(step, "SEARCH l USING") && strings.Contains(step, "(key=?)")
+	}
+	require.True(t, searched, "no lookup of the lock table by key: %q", plan)
+}
+
+// TestRenewBatchWritesOnlyRenewals: a batch commits once, and a batch whose
+// leases are all lost (released, taken, expired, unknown) commits nothing:
+// another connection's PRAGMA data_version does not move (as for the
+// single statements, TestRefusedOperationsWriteNothing).
+func TestRenewBatchWritesOnlyRenewals(t *testing.T) {
+	t.Parallel()
+	b, path := openTest(t, Options{})
+	ctx := testCtx(t)
+	name, err := DSN(path, Options{})
+	require.NoError(t, err)
+	other, err := sql.Open("sqlite", name)
+	require.NoError(t, err)
+	defer other.Close()
+	other.SetMaxOpenConns(1)
+	version := func() (v int64) {
+		require.NoError(t, other.QueryRowContext(ctx, "PRAGMA data_version").Scan(&v))
+		return v
+	}
+	var live, stale []sqllock.RenewRequest
+	for i := range 300 {
+		key := fmt.Sprintf("k%03d", i)
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: "o1"})
+		require.NoError(t, err)
+		switch i % 3 {
+		case 0:
+			live = append(live, sqllock.RenewRequest{Lease: l, TTL: 2 * time.Minute})
+		case 1:
+			require.NoError(t, b.Release(ctx, l))
+			stale = append(stale, sqllock.RenewRequest{Lease: l, TTL: 2 * time.Minute})
+		case 2:
+			execTest(t, b, expireSQL, key)
+			stale = append(stale, sqllock.RenewRequest{Lease: l, TTL: 2 * time.Minute})
+		}
+	}
+	unknown := sqllock.Lease{Key: "never", Token: 1, Owner: "o1", Deadline: time.Now(), BackendTime: time.Now()}
+	stale = append(stale, sqllock.RenewRequest{Lease: unknown, TTL: time.Minute})
+
+	v := version()
+	res, err := b.TryRenewBatch(ctx, stale)
+	require.NoError(t, err)
+	for i, r := range res {
+		require.ErrorIs(t, r.Err, sqllock.ErrLeaseLost, "element %d", i)
+	}
+	require.Equal(t, v, version(), "a batch of lost leases committed a change")
+
+	res, err = b.TryRenewBatch(ctx, append(live, stale...))
+	require.NoError(t, err)
+	for i, r := range res[:len(live)] {
+		require.NoError(t, r.Err, "element %d", i)
+	}
+	require.NotEqual(t, v, version(), "a batch of renewals committed nothing")
+}
