@@ -537,3 +537,63 @@ func TestGroupCommitReleaseOutcomes(t *testing.T) {
 		require.Equal(t, i.Key == "taken", i.Held, "%s", i.Key)
 	}
 }
+
+// A batch the server refuses (here a trigger that fails every batch
+// statement, as a deadlock or serialization failure left after the resends
+// would) was rolled back and applied nothing: each member is then sent
+// alone, and gets the single statement's answer, not the batch's error.
+func TestGroupCommitRefusedBatchSendsEachAlone(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	ctx := testCtx(t)
+	held := acquireOK(t, b, "a", "other", time.Minute)
+	require.NoError(t, b.Release(ctx, acquireOK(t, b, "b", "setup", time.Minute)))
+	_, err := b.pool.Exec(ctx, `
+CREATE FUNCTION refuse_batches() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_query() LIKE '%unnest((SELECT $1::text[])%' THEN
+        RAISE EXCEPTION 'batch refused' USING ERRCODE = 'serialization_failure';
+    END IF;
+    RETURN NULL;
+END $$`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "CREATE TRIGGER refuse_batches BEFORE INSERT OR UPDATE ON "+b.table+
+		" FOR EACH STATEMENT EXECUTE FUNCTION refuse_batches()")
+	require.NoError(t, err)
+
+	holdQueue(b.acquireQ)
+	chs := map[string]chan acquireResult{}
+	for i, key := range []string{"a", "b", "c"} {
+		chs[key] = goAcquire(ctx, b, key, "o1")
+		waitQueued(t, b.acquireQ, i+1)
+	}
+	flushQueue(b.acquireQ)
+	ra, rb, rc := recv(t, chs["a"]), recv(t, chs["b"]), recv(t, chs["c"])
+	unholdQueue(t, b.acquireQ)
+	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "the calls went as one batch")
+	var he *sqllock.HeldError
+	require.ErrorAs(t, ra.err, &he, "a held key, sent alone after the batch failed")
+	require.Equal(t, "other", he.Owner)
+	require.Equal(t, held.Token, he.Token)
+	require.NoError(t, rb.err, "a free key, sent alone after the batch failed")
+	require.EqualValues(t, 2, rb.l.Token)
+	require.NoError(t, rc.err, "a new key, sent alone after the batch failed")
+	require.EqualValues(t, 1, rc.l.Token)
+
+	holdQueue(b.releaseQ)
+	rels := []chan error{goRelease(ctx, b, rb.l)}
+	waitQueued(t, b.releaseQ, 1)
+	rels = append(rels, goRelease(ctx, b, rc.l))
+	waitQueued(t, b.releaseQ, 2)
+	flushQueue(b.releaseQ)
+	for _, ch := range rels {
+		require.NoError(t, recv(t, ch), "a release, sent alone after the batch failed")
+	}
+	unholdQueue(t, b.releaseQ)
+	require.EqualValues(t, 1, b.releaseQ.batches.Load(), "the releases went as one batch")
+	infos, err := b.List(ctx, "")
+	require.NoError(t, err)
+	for _, in := range infos {
+		require.Equal(t, in.Key == "a", in.Held, "%s", in.Key)
+	}
+}
