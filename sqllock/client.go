@@ -394,6 +394,7 @@ func (c *Client) Close(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
+	c.sched.stopIfIdle()
 	return errors.Join(errs...)
 }
 

@@ -775,6 +775,34 @@ func TestCloseReleasesGuards(t *testing.T) {
 	})
 }
 
+// The renewal scheduler's timer is left set when the last Guard goes (an
+// acquire-release pair does not stop and set it again): it fires once for
+// nothing, and Close stops it, so that nothing of a closed Client stays
+// armed.
+func TestSchedulerTimerWhenIdle(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		for _, k := range []string{"a", "b"} {
+			g, err := tb.client.TryAcquire(t.Context(), k, nil)
+			require.NoError(t, err)
+			require.NoError(t, g.Release(t.Context()))
+			require.True(t, sqllock.SchedulerArmed(tb.client), "left set with no Guard")
+		}
+		time.Sleep(ttl) // it fires, for nothing
+		synctest.Wait()
+		require.False(t, sqllock.SchedulerArmed(tb.client), "set again with no Guard")
+		require.Zero(t, tb.b.n("renew"))
+
+		g, err := tb.client.TryAcquire(t.Context(), "a", nil)
+		require.NoError(t, err)
+		require.NoError(t, g.Release(t.Context()))
+		require.True(t, sqllock.SchedulerArmed(tb.client))
+		require.NoError(t, tb.client.Close(t.Context()))
+		require.False(t, sqllock.SchedulerArmed(tb.client), "Close left the timer set")
+	})
+}
+
 func TestCloseWakesWaiters(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
