@@ -87,17 +87,17 @@ func (h *guardHeap) key(g *Guard) time.Time {
 
 func (h *guardHeap) setIdx(i int) {
 	if h.byDue {
-		h.gs[i].dueIdx = i
+		h.gs[i].dueIdx = int32(i)
 	} else {
-		h.gs[i].expIdx = i
+		h.gs[i].expIdx = int32(i)
 	}
 }
 
 func (h *guardHeap) idx(g *Guard) int {
 	if h.byDue {
-		return g.dueIdx
+		return int(g.dueIdx)
 	}
-	return g.expIdx
+	return int(g.expIdx)
 }
 
 // Len, Less, Swap, Push and Pop implement heap.Interface; the scheduler
