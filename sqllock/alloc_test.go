@@ -16,7 +16,9 @@ import (
 // lease's owner name (unique per acquire call). Nothing else: not the
 // release's bound (the Guard keeps its first Release's context, and makes
 // its channel and timer only when a backend asks for them), nor the
-// renewal scheduler's bookkeeping. Issue 14's target is at most 4.
+// renewal scheduler's bookkeeping, nor, under a context that can end, the
+// watch on it (the Guards under one context share one). Issue 14's target
+// is at most 4.
 const pairAllocs = 2
 
 // TestPairAllocations counts the allocations of a TryAcquire + Release
@@ -24,7 +26,14 @@ const pairAllocs = 2
 // figure. Not parallel: AllocsPerRun counts every goroutine's
 // allocations.
 func TestPairAllocations(t *testing.T) {
-	ctx := context.Background()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for name, ctx := range map[string]context.Context{"background": context.Background(), "cancellable": ctx} {
+		t.Run(name, func(t *testing.T) { testPairAllocations(t, ctx) })
+	}
+}
+
+func testPairAllocations(t *testing.T, ctx context.Context) {
 	allocs := func() float64 {
 		c, err := sqllock.New(memory.New(), sqllock.Options{})
 		require.NoError(t, err)

@@ -30,9 +30,13 @@ type Client struct {
 
 	sched *scheduler
 
-	mu     sync.Mutex // guards closed and guards
+	mu     sync.Mutex // guards closed, guards, watches, idle and each Guard's watch
 	closed bool
 	guards *Guard // every Guard not yet released, linked through prev/next
+	// watches are the acquire contexts watched (watch.go), by Done
+	// channel; idle is the one with no Guard left, if any.
+	watches map[<-chan struct{}]*parentWatch
+	idle    *parentWatch
 }
 
 // New returns a Client over b. It validates opts and returns an error
@@ -395,6 +399,7 @@ func (c *Client) Close(ctx context.Context) error {
 	}
 	wg.Wait()
 	c.sched.stopIfIdle()
+	c.stopWatches()
 	return errors.Join(errs...)
 }
 

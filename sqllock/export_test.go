@@ -6,3 +6,11 @@ func SchedulerArmed(c *Client) bool {
 	defer c.sched.mu.Unlock()
 	return !c.sched.at.IsZero()
 }
+
+// Watches reports how many acquire contexts c watches, and whether one of
+// them is idle (no Guard left).
+func Watches(c *Client) (n int, idle bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.watches), c.idle != nil
+}

@@ -27,8 +27,10 @@ type Guard struct {
 	token  int64
 	owner  string
 	parent context.Context // the acquire context
-	// stopParent stops the watch on parent (nil when parent never ends).
-	stopParent func() bool
+	// watch ends the Guard when parent ends (nil when parent never ends,
+	// or once it has ended, been released or lost); guarded by the
+	// Client's mu.
+	watch *parentWatch
 
 	mu sync.Mutex // guards the fields below
 	// The lease as of the last successful renewal: leaseLocked builds it
@@ -118,11 +120,7 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 		return nil, ErrClosed
 	}
 	c.sched.add(g, sent.Add(s.interval), local)
-	if parent.Done() != nil {
-		g.mu.Lock()
-		g.stopParent = context.AfterFunc(parent, g.parentEnded)
-		g.mu.Unlock()
-	}
+	c.watchParent(g)
 	return g, nil
 }
 
@@ -374,17 +372,10 @@ func (g *Guard) lose(err error) {
 	if last {
 		b.abandon() // no live lease needs it any more
 	}
-	g.stopWatchingParent()
-	g.noteLoss(le, ours)
-}
-
-func (g *Guard) stopWatchingParent() {
-	g.mu.Lock()
-	stop := g.stopParent
-	g.mu.Unlock()
-	if stop != nil {
-		stop()
+	if g.parent.Done() != nil { // else watchParent watched nothing
+		g.c.unwatchParent(g)
 	}
+	g.noteLoss(le, ours)
 }
 
 // parentEnded runs when the acquire context ended before Release: the
@@ -473,8 +464,8 @@ func (g *Guard) release(ctx context.Context) error {
 	if b == nil {
 		b = lostIn
 	}
-	if g.parent.Done() != nil { // else newGuard watched nothing
-		g.stopWatchingParent()
+	if g.parent.Done() != nil { // else watchParent watched nothing
+		g.c.unwatchParent(g)
 	}
 	g.awaitBatch(ctx, b, true, last)
 	err := g.releaseBackend(ctx)
