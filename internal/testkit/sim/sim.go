@@ -565,8 +565,15 @@ func (w *world) windDown() {
 	w.mu.Unlock()
 	for _, gr := range graves {
 		// The process is gone; end its guard's watchdog (whose release
-		// cannot reach the backend) and wait for it.
+		// cannot reach the backend) and wait for it. The end of its
+		// context starts a release of its own, which may win the race to
+		// the backend; then the first Release here waits for it until its
+		// bound ends, at the very instant that release's does, and which of
+		// the two returns first is up to the scheduler. The second waits
+		// for that release to finish, so that its return is in the history
+		// on every run of the seed.
 		gr.cancel()
+		_ = gr.g.Release(context.Background())
 		_ = gr.g.Release(context.Background())
 	}
 	w.wg.Wait()
