@@ -101,6 +101,49 @@ func unreachableReleases(tb *testBundle) {
 	}
 }
 
+// pollingReleases makes every release poll its context's Err, never asking
+// for its Done channel, until it ends (for at most 10 s), and fail as a
+// backend that cannot reach its database does.
+func pollingReleases(tb *testBundle) {
+	tb.b.release = func(ctx context.Context, l sqllock.Lease) error {
+		for start := time.Now(); ctx.Err() == nil && time.Since(start) < 10*time.Second; {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return errors.Join(sqllock.ErrUnavailable, ctx.Err())
+	}
+}
+
+// Release is bounded by ReleaseTimeout, and by its context, also at a
+// backend that only polls the context's Err (the release context makes
+// its channel and timer only when asked for them).
+func TestReleaseBoundedAtBackendThatPolls(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = time.Second
+		tb := setup(t, sqllock.Options{ReleaseTimeout: timeout})
+		pollingReleases(tb)
+		for _, bound := range []time.Duration{timeout, timeout / 4} {
+			g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+			require.NoError(t, err)
+			// Bounded by ReleaseTimeout, or by a context cancelled (with
+			// no deadline) before it.
+			ctx, cancel := context.WithCancel(context.Background())
+			want := context.Canceled
+			if bound < timeout {
+				time.AfterFunc(bound, cancel)
+			} else {
+				ctx, want = context.Background(), context.DeadlineExceeded
+			}
+			start := time.Now()
+			err = g.Release(ctx)
+			cancel()
+			require.ErrorIs(t, err, want)
+			require.LessOrEqual(t, time.Since(start), bound+10*time.Millisecond, "Release outlived its bound %v", bound)
+			require.NoError(t, tb.mem.Release(context.Background(), g.Lease()))
+		}
+	})
+}
+
 // Issue: Close released its guards one after another, and once its context
 // had ended each release got a fresh ReleaseTimeout: 5 guards on an
 // unreachable database took 4.1 s with a 100 ms context. The releases run

@@ -30,9 +30,13 @@ type Client struct {
 
 	sched *scheduler
 
-	mu     sync.Mutex // guards closed and guards
+	mu     sync.Mutex // guards closed, guards, watches, idle and each Guard's watch
 	closed bool
 	guards *Guard // every Guard not yet released, linked through prev/next
+	// watches are the acquire contexts watched (watch.go), by Done
+	// channel; idle is the one with no Guard left, if any.
+	watches map[<-chan struct{}]*parentWatch
+	idle    *parentWatch
 }
 
 // New returns a Client over b. It validates opts and returns an error
@@ -275,9 +279,9 @@ func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lea
 	sent := time.Now()
 	sctx := ctx
 	if ctx.Err() != nil {
-		var cancel context.CancelFunc
-		sctx, cancel = c.releaseContext(ctx)
-		defer cancel()
+		rctx := c.releaseContext(ctx)
+		defer rctx.stop()
+		sctx = rctx
 	}
 	const repeats = 5
 	for attempt := 1; attempt <= repeats && sctx.Err() == nil; attempt++ {
@@ -382,29 +386,40 @@ func (c *Client) Close(ctx context.Context) error {
 		guards = append(guards, g)
 	}
 	c.mu.Unlock()
-	ctx, cancel := c.releaseContext(ctx)
-	defer cancel()
+	rctx := c.releaseContext(ctx)
+	defer rctx.stop()
 	errs := make([]error, len(guards))
 	var wg sync.WaitGroup
 	for i, g := range guards {
 		wg.Go(func() {
-			if err := g.release(ctx); !errors.Is(err, ErrLeaseLost) {
+			if err := g.release(rctx); !errors.Is(err, ErrLeaseLost) {
 				errs[i] = err
 			}
 		})
 	}
 	wg.Wait()
+	c.sched.stopIfIdle()
+	c.stopWatches()
 	return errors.Join(errs...)
 }
 
 // releaseContext bounds a release made for the caller: by ctx and
 // ReleaseTimeout, or, when ctx has already ended (a request that timed out,
 // PITFALLS 16), by ReleaseTimeout alone, so that the release is still sent.
-func (c *Client) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+// The caller calls stop when done with it, as with a context.CancelFunc.
+func (c *Client) releaseContext(ctx context.Context) *releaseCtx {
+	rc := new(releaseCtx)
+	c.initReleaseContext(rc, ctx)
+	return rc
+}
+
+// initReleaseContext makes rc (zero, not yet shared) what releaseContext
+// returns.
+func (c *Client) initReleaseContext(rc *releaseCtx, ctx context.Context) {
 	if ctx.Err() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
-	return context.WithTimeout(ctx, c.opts.ReleaseTimeout)
+	rc.init(ctx, c.opts.ReleaseTimeout)
 }
 
 // link adds g to the client's Guards. Called with c.mu held.

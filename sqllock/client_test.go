@@ -372,6 +372,85 @@ func TestParentContextCancelled(t *testing.T) {
 	})
 }
 
+// Guards acquired under one context share one watch on it: its end ends
+// each of them and releases each lease, and a Guard released or lost
+// before it is not touched.
+func TestParentContextSharedByGuards(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		ctx, cancel := context.WithCancel(t.Context())
+		var gs []*sqllock.Guard
+		for _, k := range []string{"a", "b", "c", "released", "lost"} {
+			g, err := tb.client.TryAcquire(ctx, k, nil)
+			require.NoError(t, err)
+			gs = append(gs, g)
+		}
+		n, idle := sqllock.Watches(tb.client)
+		require.Equal(t, 1, n, "one watch for one context")
+		require.False(t, idle)
+		require.NoError(t, gs[3].Release(t.Context()))
+		tb.mem.Expire("lost")
+		time.Sleep(ttl / 2) // the renewal finds the loss
+		require.ErrorIs(t, gs[4].Err(), sqllock.ErrLeaseLost)
+		releases := tb.b.n("release")
+
+		cancel()
+		synctest.Wait()
+		for _, g := range gs[:3] {
+			require.ErrorIs(t, g.Err(), context.Canceled)
+			require.False(t, held(t, tb.mem, g.Key()), "released on the caller's behalf")
+		}
+		require.Equal(t, releases+3, tb.b.n("release"), "the released and the lost Guards were not released again")
+		require.ErrorIs(t, gs[3].Err(), sqllock.ErrReleased)
+		require.ErrorIs(t, gs[4].Err(), sqllock.ErrLeaseLost)
+		n, _ = sqllock.Watches(tb.client)
+		require.Zero(t, n, "an ended context is not watched")
+	})
+}
+
+// A loop of acquire and release under one context reuses its watch (the
+// idle one); the Client keeps at most one idle watch, so contexts that
+// never end are not kept one per acquire; Close stops every watch.
+func TestParentWatchesBounded(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		ctx, cancel := context.WithCancel(t.Context())
+		for range 3 {
+			g, err := tb.client.TryAcquire(ctx, "k", nil)
+			require.NoError(t, err)
+			require.NoError(t, g.Release(ctx))
+			n, idle := sqllock.Watches(tb.client)
+			require.Equal(t, 1, n)
+			require.True(t, idle)
+		}
+		// The idle watch still works for the next Guard.
+		g, err := tb.client.TryAcquire(ctx, "k", nil)
+		require.NoError(t, err)
+		cancel()
+		synctest.Wait()
+		require.ErrorIs(t, g.Err(), context.Canceled)
+		require.False(t, held(t, tb.mem, "k"))
+
+		// Contexts that do not end while the Client runs (as one whose
+		// cancel is never called).
+		for i := range 10 {
+			never, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			g, err := tb.client.TryAcquire(never, fmt.Sprint("k", i), nil)
+			require.NoError(t, err)
+			require.NoError(t, g.Release(never))
+		}
+		n, idle := sqllock.Watches(tb.client)
+		require.Equal(t, 1, n, "idle watches kept for contexts that never end")
+		require.True(t, idle)
+		require.NoError(t, tb.client.Close(t.Context()))
+		n, _ = sqllock.Watches(tb.client)
+		require.Zero(t, n, "Close left a watch")
+	})
+}
+
 func TestDoCancelsOnLoss(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -772,6 +851,34 @@ func TestCloseReleasesGuards(t *testing.T) {
 		_, err = tb.client.TryAcquire(t.Context(), "k", nil)
 		require.ErrorIs(t, err, sqllock.ErrClosed)
 		require.NoError(t, tb.client.Close(t.Context()))
+	})
+}
+
+// The renewal scheduler's timer is left set when the last Guard goes (an
+// acquire-release pair does not stop and set it again): it fires once for
+// nothing, and Close stops it, so that nothing of a closed Client stays
+// armed.
+func TestSchedulerTimerWhenIdle(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		for _, k := range []string{"a", "b"} {
+			g, err := tb.client.TryAcquire(t.Context(), k, nil)
+			require.NoError(t, err)
+			require.NoError(t, g.Release(t.Context()))
+			require.True(t, sqllock.SchedulerArmed(tb.client), "left set with no Guard")
+		}
+		time.Sleep(ttl) // it fires, for nothing
+		synctest.Wait()
+		require.False(t, sqllock.SchedulerArmed(tb.client), "set again with no Guard")
+		require.Zero(t, tb.b.n("renew"))
+
+		g, err := tb.client.TryAcquire(t.Context(), "a", nil)
+		require.NoError(t, err)
+		require.NoError(t, g.Release(t.Context()))
+		require.True(t, sqllock.SchedulerArmed(tb.client))
+		require.NoError(t, tb.client.Close(t.Context()))
+		require.False(t, sqllock.SchedulerArmed(tb.client), "Close left the timer set")
 	})
 }
 

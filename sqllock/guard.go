@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,17 +22,23 @@ import (
 // delay, as long as the clocks run at nearly the same rate.
 type Guard struct {
 	c      *Client
-	s      settings
+	s      timings
 	key    string
 	token  int64
 	owner  string
 	parent context.Context // the acquire context
-	// stopParent stops the watch on parent (nil when parent never ends).
-	stopParent func() bool
+	// watch ends the Guard when parent ends (nil when parent never ends,
+	// or once it has ended, been released or lost); guarded by the
+	// Client's mu.
+	watch *parentWatch
 
-	mu    sync.Mutex // guards the fields below
-	lease Lease
-	local time.Time // the local deadline; never moves back
+	mu sync.Mutex // guards the fields below
+	// The lease as of the last successful renewal: leaseLocked builds it
+	// from these and key, token and owner, which never change.
+	deadline    time.Time // by the backend's clock
+	backendTime time.Time
+	value       []byte    // the acquire's; a renewal never changes it
+	local       time.Time // the local deadline; never moves back
 	// ctx is made on first use (Context, Done): most Guards of a busy
 	// client are never asked for it. cause is why the Guard ended, set
 	// once: the first of a *LostError, ErrReleased, or the parent
@@ -51,8 +58,8 @@ type Guard struct {
 	// Scheduling, guarded by the scheduler's mu.
 	due      time.Time // the next renewal
 	expAt    time.Time // the local deadline, as the scheduler's heap has it
-	dueIdx   int       // index in the scheduler's due heap, -1 if not there
-	expIdx   int       // index in the scheduler's deadline heap, -1 if not there
+	dueIdx   int32     // index in the scheduler's due heap, -1 if not there
+	expIdx   int32     // index in the scheduler's deadline heap, -1 if not there
 	inFlight *batch    // the batch carrying this lease's renewal, if any
 	alone    bool      // renew it next on its own (TryRenew), not in a batch
 
@@ -60,6 +67,18 @@ type Guard struct {
 	prev, next *Guard
 
 	obs *guardObs // for the Observer's events (observe.go); nil without one
+
+	// rctx is the context of the Guard's first Release call, kept here
+	// so that the common release allocates nothing for it; rctxTaken
+	// says that call has taken it (later calls make their own).
+	rctx      releaseCtx
+	rctxTaken atomic.Bool
+}
+
+// leaseLocked returns the lease as of the last successful renewal. Called
+// with g.mu held.
+func (g *Guard) leaseLocked() Lease {
+	return Lease{Key: g.key, Token: g.token, Owner: g.owner, Deadline: g.deadline, BackendTime: g.backendTime, Value: g.value}
 }
 
 // errRenewTooLate is returned by renew when the local deadline passed while
@@ -71,7 +90,9 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 		sent = time.Now()
 	}
 	local := sent.Add(s.ttl - s.margin)
-	if !time.Now().Before(local) {
+	// time.Until reads only the monotonic clock: half the cost of
+	// time.Now().Before, which reads the wall clock too.
+	if time.Until(local) <= 0 {
 		// The reply came too late to use the lease safely.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(parent), c.opts.ReleaseTimeout)
 		defer cancel()
@@ -79,8 +100,8 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 		return nil, &LostError{Key: l.Key, Token: l.Token, Reason: LostExpired,
 			Err: errors.New("the acquire reply arrived after the local deadline")}
 	}
-	g := &Guard{c: c, s: s, key: l.Key, token: l.Token, owner: l.Owner, parent: parent,
-		lease: l, local: local, dueIdx: -1, expIdx: -1}
+	g := &Guard{c: c, s: s.timings, key: l.Key, token: l.Token, owner: l.Owner, parent: parent,
+		deadline: l.Deadline, backendTime: l.BackendTime, value: l.Value, local: local, dueIdx: -1, expIdx: -1}
 	g.observeStart(sent)
 
 	c.mu.Lock()
@@ -92,18 +113,14 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 	if closed {
 		g.finishing = true
 		g.cause = ErrClosed
-		ctx, cancel := c.releaseContext(parent)
-		defer cancel()
-		g.finishErr = g.releaseBackend(ctx)
+		rctx := c.releaseContext(parent)
+		defer rctx.stop()
+		g.finishErr = g.releaseBackend(rctx)
 		g.finished = true
 		return nil, ErrClosed
 	}
 	c.sched.add(g, sent.Add(s.interval), local)
-	if parent.Done() != nil {
-		g.mu.Lock()
-		g.stopParent = context.AfterFunc(parent, g.parentEnded)
-		g.mu.Unlock()
-	}
+	c.watchParent(g)
 	return g, nil
 }
 
@@ -121,7 +138,7 @@ func (g *Guard) Token() int64 { return g.token }
 func (g *Guard) Lease() Lease {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.lease
+	return g.leaseLocked()
 }
 
 // LocalDeadline returns the local deadline: the monotonic instant at which
@@ -206,7 +223,7 @@ func (g *Guard) Renew(ctx context.Context) (Lease, error) {
 // result unless the Guard was lost or released meanwhile.
 func (g *Guard) renew(ctx context.Context) (_ Lease, final error) {
 	g.mu.Lock()
-	lease, local := g.lease, g.local
+	lease, local := g.leaseLocked(), g.local
 	g.mu.Unlock()
 	rctx, cancel := context.WithDeadline(ctx, local)
 	defer cancel()
@@ -245,12 +262,13 @@ func (g *Guard) renew(ctx context.Context) (_ Lease, final error) {
 // extendLocked applies a successful renewal sent at sent. Called with g.mu
 // held, before the local deadline.
 func (g *Guard) extendLocked(sent time.Time, l Lease) {
-	l.Value = g.lease.Value // a renewal never changes it, whatever the backend echoes
 	if nl := sent.Add(g.s.ttl - g.s.margin); nl.After(g.local) {
 		g.local = nl
 	}
-	if l.Deadline.After(g.lease.Deadline) {
-		g.lease = l // renewals may complete out of order
+	// Renewals may complete out of order. The value is the acquire's,
+	// whatever the backend echoes: a renewal never changes it.
+	if l.Deadline.After(g.deadline) {
+		g.deadline, g.backendTime = l.Deadline, l.BackendTime
 	}
 	g.lastErr = nil
 }
@@ -354,17 +372,10 @@ func (g *Guard) lose(err error) {
 	if last {
 		b.abandon() // no live lease needs it any more
 	}
-	g.stopWatchingParent()
-	g.noteLoss(le, ours)
-}
-
-func (g *Guard) stopWatchingParent() {
-	g.mu.Lock()
-	stop := g.stopParent
-	g.mu.Unlock()
-	if stop != nil {
-		stop()
+	if g.parent.Done() != nil { // else watchParent watched nothing
+		g.c.unwatchParent(g)
 	}
+	g.noteLoss(le, ours)
 }
 
 // parentEnded runs when the acquire context ended before Release: the
@@ -378,12 +389,12 @@ func (g *Guard) parentEnded() {
 	g.finishing = true
 	g.endLocked(context.Cause(g.parent))
 	g.mu.Unlock()
-	ctx, cancel := g.c.releaseContext(context.Background())
-	defer cancel()
+	rctx := g.c.releaseContext(context.Background())
+	defer rctx.stop()
 	b, last := g.c.sched.remove(g)
-	g.awaitBatch(ctx, b, true, last)
-	g.finish(g.releaseBackend(ctx))
-	g.awaitBatch(ctx, b, false, false)
+	g.awaitBatch(rctx, b, true, last)
+	g.finish(g.releaseBackend(rctx))
+	g.awaitBatch(rctx, b, false, false)
 }
 
 // Release ends the lease. It is safe to call more than once, and from
@@ -403,9 +414,15 @@ func (g *Guard) parentEnded() {
 // backend that does not answer ends on its own, at its deadline (a renewal
 // applied after the release finds nothing to renew).
 func (g *Guard) Release(ctx context.Context) error {
-	ctx, cancel := g.c.releaseContext(ctx)
-	defer cancel()
-	return g.release(ctx)
+	var rctx *releaseCtx
+	if g.rctxTaken.CompareAndSwap(false, true) {
+		rctx = &g.rctx
+	} else {
+		rctx = new(releaseCtx)
+	}
+	g.c.initReleaseContext(rctx, ctx)
+	defer rctx.stop()
+	return g.release(rctx)
 }
 
 // release is Release with its bound already set: ctx is used as it is.
@@ -439,24 +456,22 @@ func (g *Guard) release(ctx context.Context) error {
 	// renewal result is applied (applyRenewal checks finishing), so the
 	// lease read by releaseBackend no longer changes.
 	g.endLocked(ErrReleased)
+	// The batch in flight when the lease was lost, if it was: lose sets
+	// it before the Guard is finishing, never after.
+	lostIn := g.lostIn
 	g.mu.Unlock()
 	b, last := g.c.sched.remove(g)
 	if b == nil {
-		b = g.lostBatch()
+		b = lostIn
 	}
-	g.stopWatchingParent()
+	if g.parent.Done() != nil { // else watchParent watched nothing
+		g.c.unwatchParent(g)
+	}
 	g.awaitBatch(ctx, b, true, last)
 	err := g.releaseBackend(ctx)
 	g.finish(err)
 	g.awaitBatch(ctx, b, false, false)
 	return err
-}
-
-// lostBatch is the batch that was in flight when the lease was lost.
-func (g *Guard) lostBatch() *batch {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.lostIn
 }
 
 // finish records the release's result and wakes the Releases waiting for it.
@@ -514,7 +529,7 @@ func (g *Guard) releaseBackend(ctx context.Context) (err error) {
 		defer g.observeRelease(time.Now(), &err)
 	}
 	g.mu.Lock()
-	lease, lost := g.lease, g.lost
+	lease, lost := g.leaseLocked(), g.lost
 	g.mu.Unlock()
 	if lost != nil && (lost.Reason == LostTaken || lost.Reason == LostReleased) {
 		return lost

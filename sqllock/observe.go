@@ -292,7 +292,7 @@ func (c *Client) observeAcquire(ctx context.Context, req *AcquireRequest, wait b
 type guardObs struct {
 	// Set before the Guard is shared, then read-only.
 	start time.Time // the acquire request's send time
-	owner string    // the lease's owner (g.lease is guarded by g.mu)
+	owner string    // the lease's owner
 
 	mu    sync.Mutex    // guards ended and held
 	ended bool          // the Guard stopped holding its lease (GuardEnd is reported once)
@@ -317,7 +317,7 @@ func (g *Guard) observeStart(sent time.Time) {
 	if o == nil {
 		return
 	}
-	g.obs = &guardObs{start: sent, owner: g.lease.Owner}
+	g.obs = &guardObs{start: sent, owner: g.owner}
 	if o.GuardStart != nil {
 		o.GuardStart(g.parent, g.event())
 	}

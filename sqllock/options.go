@@ -165,16 +165,21 @@ func (e *OptionError) Error() string {
 // before ErrInvalidOption existed, [ErrInvalidTTL].
 func (e *OptionError) Unwrap() []error { return []error{ErrInvalidOption, ErrInvalidTTL} }
 
-// settings are the resolved timings of one lease.
+// settings are the resolved timings and the value of one lease.
 type settings struct {
+	timings
+	value []byte
+}
+
+// timings are what a Guard keeps of its settings.
+type timings struct {
 	ttl, interval, margin, window time.Duration
-	value                         []byte
 }
 
 // settingsFor resolves the timings of a lease from the client options and
 // the per-call options, refusing combinations that cannot work.
 func (o *Options) settingsFor(ao *AcquireOptions) (settings, error) {
-	s := settings{ttl: o.TTL}
+	s := settings{timings: timings{ttl: o.TTL}}
 	if ao != nil && ao.TTL != 0 {
 		s.ttl = ao.TTL
 	}

@@ -34,7 +34,9 @@ import (
 // own deadline. Only a batch that no live lease needs any more (every one
 // released or lost while it was still in flight after the wait, as with a
 // backend that does not answer) is cancelled, so that nothing outlives the
-// client's last Guard (G8).
+// client's last Guard (G8). When the last Guard goes, the timer stays set
+// (a pair of acquire and release then costs no timer update): it fires
+// once for nothing, and no goroutine waits for it; Close stops it.
 type scheduler struct {
 	c  *Client
 	br BatchRenewer // nil: one TryRenew per Guard
@@ -85,17 +87,17 @@ func (h *guardHeap) key(g *Guard) time.Time {
 
 func (h *guardHeap) setIdx(i int) {
 	if h.byDue {
-		h.gs[i].dueIdx = i
+		h.gs[i].dueIdx = int32(i)
 	} else {
-		h.gs[i].expIdx = i
+		h.gs[i].expIdx = int32(i)
 	}
 }
 
 func (h *guardHeap) idx(g *Guard) int {
 	if h.byDue {
-		return g.dueIdx
+		return int(g.dueIdx)
 	}
-	return g.expIdx
+	return int(g.expIdx)
 }
 
 // Len, Less, Swap, Push and Pop implement heap.Interface; the scheduler
@@ -177,12 +179,23 @@ func (s *scheduler) remove(g *Guard) (b *batch, last bool) {
 		last = b.live == 0
 		g.inFlight = nil
 	}
+	// The timer is left as it is, even with no Guard left: it fires once
+	// for nothing (see fire), while stopping it here and arming it again
+	// at the next add would cost each acquire-release pair two updates
+	// of the runtime's timer heap and two clock reads. Close stops it.
+	s.mu.Unlock()
+	return b, last
+}
+
+// stopIfIdle stops the timer when no Guard is scheduled: after Close,
+// nothing of the Client's stays armed.
+func (s *scheduler) stopIfIdle() {
+	s.mu.Lock()
 	if len(s.exp.gs) == 0 && len(s.due.gs) == 0 && !s.at.IsZero() {
 		s.timer.Stop()
 		s.at = time.Time{}
 	}
 	s.mu.Unlock()
-	return b, last
 }
 
 // armLocked sets the timer for the next event: the earliest due renewal or
