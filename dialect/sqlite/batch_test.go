@@ -1,7 +1,6 @@
 package sqlite
 
 import (
-	"database/sql"
 	"fmt"
 	"strings"
 	"testing"
@@ -46,16 +45,7 @@ func TestRenewBatchWritesOnlyRenewals(t *testing.T) {
 	t.Parallel()
 	b, path := openTest(t, Options{})
 	ctx := testCtx(t)
-	name, err := DSN(path, Options{})
-	require.NoError(t, err)
-	other, err := sql.Open("sqlite", name)
-	require.NoError(t, err)
-	defer other.Close()
-	other.SetMaxOpenConns(1)
-	version := func() (v int64) {
-		require.NoError(t, other.QueryRowContext(ctx, "PRAGMA data_version").Scan(&v))
-		return v
-	}
+	version := dataVersion(t, path)
 	var live, stale []sqllock.RenewRequest
 	for i := range 300 {
 		key := fmt.Sprintf("k%03d", i)

@@ -335,6 +335,23 @@ func TestOpenTwice(t *testing.T) {
 	require.Equal(t, l1.Token+1, l2.Token)
 }
 
+// dataVersion returns a reader of PRAGMA data_version on a connection of its
+// own to the database at path: its value moves when another connection
+// (the Backend's) commits a change, and only then.
+func dataVersion(t *testing.T, path string) func() int64 {
+	t.Helper()
+	name, err := DSN(path, Options{})
+	require.NoError(t, err)
+	other, err := sql.Open("sqlite", name)
+	require.NoError(t, err)
+	t.Cleanup(func() { other.Close() })
+	other.SetMaxOpenConns(1)
+	return func() (v int64) {
+		require.NoError(t, other.QueryRowContext(testCtx(t), "PRAGMA data_version").Scan(&v))
+		return v
+	}
+}
+
 // TestRefusedOperationsWriteNothing: a refused acquire, a failed renew and
 // a stale release commit nothing (another connection's PRAGMA data_version
 // does not move), while a grant does.
@@ -342,16 +359,7 @@ func TestRefusedOperationsWriteNothing(t *testing.T) {
 	t.Parallel()
 	b, path := openTest(t, Options{})
 	ctx := testCtx(t)
-	name, err := DSN(path, Options{})
-	require.NoError(t, err)
-	other, err := sql.Open("sqlite", name)
-	require.NoError(t, err)
-	defer other.Close()
-	other.SetMaxOpenConns(1)
-	version := func() (v int64) {
-		require.NoError(t, other.QueryRowContext(ctx, "PRAGMA data_version").Scan(&v))
-		return v
-	}
+	version := dataVersion(t, path)
 	l1, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o1"})
 	require.NoError(t, err)
 	execTest(t, b, expireSQL, "k")
