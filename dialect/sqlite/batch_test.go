@@ -80,3 +80,27 @@ func TestRenewBatchWritesOnlyRenewals(t *testing.T) {
 	}
 	require.NotEqual(t, v, version(), "a batch of renewals committed nothing")
 }
+
+// TestRenewBatchKeysAsJSON: keys travel to the batch statement inside a
+// JSON array; every valid key comes back as itself, whatever JSON escapes
+// for it (quotes, backslashes, HTML characters, control and line-separator
+// characters, non-ASCII text).
+func TestRenewBatchKeysAsJSON(t *testing.T) {
+	t.Parallel()
+	b, _ := openTest(t, Options{})
+	ctx := testCtx(t)
+	keys := []string{`"quoted"`, `back\slash`, "<a&b>", "tab\there\nnewline", "line\u2028sep", "ключ/鍵/🔑", "\x01ctl", "plain"}
+	var reqs []sqllock.RenewRequest
+	for _, key := range keys {
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: "o1"})
+		require.NoError(t, err, "%q", key)
+		reqs = append(reqs, sqllock.RenewRequest{Lease: l, TTL: 2 * time.Minute})
+	}
+	res, err := b.TryRenewBatch(ctx, reqs)
+	require.NoError(t, err)
+	for i, r := range res {
+		require.NoError(t, r.Err, "%q", keys[i])
+		require.Equal(t, keys[i], r.Lease.Key)
+		require.Greater(t, r.Lease.Deadline.Sub(r.Lease.BackendTime), time.Minute, "%q renewed", keys[i])
+	}
+}
