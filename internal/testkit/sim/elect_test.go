@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -58,39 +56,23 @@ func failElectSeed(t *testing.T, test string, res *sim.ElectResult, rep *sim.Ele
 // electFigures aggregates the election simulation's figure line over
 // seeds. Safe for concurrent use.
 type electFigures struct {
-	mu         sync.Mutex
-	start      time.Time
-	seeds      int
-	ops        map[string]map[history.Outcome]int
-	faults     map[faultbackend.Kind]int64
-	configured map[faultbackend.Kind]bool
-	modes      map[string]int
-	observers  int
-	rep        sim.ElectReport
-	checkers   map[string]int
-	anomalies  int
-	fake       time.Duration
-	slowest    time.Duration
-	slowSeed   uint64
-	extra      []string
+	runFigures
+	modes     map[string]int
+	observers int
+	rep       sim.ElectReport
+	checkers  map[string]int
 }
 
 func newElectFigures() *electFigures {
-	return &electFigures{start: time.Now(), ops: map[string]map[history.Outcome]int{}, faults: map[faultbackend.Kind]int64{},
-		configured: map[faultbackend.Kind]bool{}, modes: map[string]int{}, checkers: map[string]int{}, rep: sim.ElectReport{Lock: &history.Report{}}}
+	f := &electFigures{modes: map[string]int{}, checkers: map[string]int{}, rep: sim.ElectReport{Lock: &history.Report{}}}
+	f.init()
+	return f
 }
 
 func (f *electFigures) add(res *sim.ElectResult, rep *sim.ElectReport, wall time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.seeds++
-	sim.OpCounts(res.History.Lock, f.ops)
-	for k, v := range res.Counts {
-		f.faults[k] += v
-	}
-	for _, k := range res.Active {
-		f.configured[k] = true
-	}
+	f.addRun(res.History.Lock, res.Counts, res.Active, rep.Anomalies(), res.Fake, wall)
 	seen := map[int]bool{}
 	for _, in := range res.History.Incarnations {
 		if !seen[in.Candidate] {
@@ -115,11 +97,6 @@ func (f *electFigures) add(res *sim.ElectResult, rep *sim.ElectReport, wall time
 	for _, c := range electFigureCheckers {
 		f.checkers[c] += rep.Count(c)
 	}
-	f.anomalies += rep.Anomalies()
-	f.fake += res.Fake
-	if wall > f.slowest {
-		f.slowest, f.slowSeed = wall, res.History.Seed
-	}
 }
 
 // electFigureCheckers are the checkers the figures line counts: the
@@ -130,11 +107,7 @@ var electFigureCheckers = append(append([]string(nil), sim.ElectCheckers...),
 func (f *electFigures) line(test string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var kinds []faultbackend.Kind
-	for k := range f.configured {
-		kinds = append(kinds, k)
-	}
-	sort.Slice(kinds, func(i, j int) bool { return kinds[i] < kinds[j] })
+	kinds := f.kinds()
 	var checks []string
 	for _, c := range electFigureCheckers {
 		checks = append(checks, fmt.Sprintf("%s:%d", c, f.checkers[c]))
@@ -151,15 +124,6 @@ func (f *electFigures) line(test string) string {
 		s += " " + e
 	}
 	return s
-}
-
-func (f *electFigures) requireConfiguredFired(t *testing.T) {
-	t.Helper()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for k := range f.configured {
-		require.Positive(t, f.faults[k], "fault kind %s was configured but injected 0 times", k)
-	}
 }
 
 // TestElectionSim is the election simulation (issue 15): seeds 0..N-1

@@ -81,39 +81,86 @@ func failSeed(t *testing.T, test string, res *sim.Result, rep *history.Report, m
 }
 
 // figures aggregates the H8 figure line over seeds. Safe for concurrent use.
-type figures struct {
+// runFigures is what every simulation's figures line counts, whatever it
+// simulates: seeds, ops, faults, anomalies and time. Embedded by figures
+// (the lock simulation) and electFigures (the election's).
+type runFigures struct {
 	mu         sync.Mutex
 	start      time.Time
 	seeds      int
 	ops        map[string]map[history.Outcome]int
 	faults     map[faultbackend.Kind]int64
 	configured map[faultbackend.Kind]bool
-	rep        history.Report
 	anomalies  int
-	lin        map[string]int
-	linTime    time.Duration
 	slowest    time.Duration
 	slowSeed   uint64
 	fake       time.Duration
 	extra      []string
 }
 
+func (f *runFigures) init() {
+	f.start = time.Now()
+	f.ops = map[string]map[history.Outcome]int{}
+	f.faults = map[faultbackend.Kind]int64{}
+	f.configured = map[faultbackend.Kind]bool{}
+}
+
+// addRun counts one seed's run. f.mu is held.
+func (f *runFigures) addRun(h *history.History, counts map[faultbackend.Kind]int64, active []faultbackend.Kind,
+	anomalies int, fake, wall time.Duration) {
+	f.seeds++
+	sim.OpCounts(h, f.ops)
+	for k, v := range counts {
+		f.faults[k] += v
+	}
+	for _, k := range active {
+		f.configured[k] = true
+	}
+	f.anomalies += anomalies
+	f.fake += fake
+	if wall > f.slowest {
+		f.slowest, f.slowSeed = wall, h.Seed
+	}
+}
+
+// kinds are the configured fault kinds, in order. f.mu is held.
+func (f *runFigures) kinds() []faultbackend.Kind {
+	var kinds []faultbackend.Kind
+	for k := range f.configured {
+		kinds = append(kinds, k)
+	}
+	sort.Slice(kinds, func(i, j int) bool { return kinds[i] < kinds[j] })
+	return kinds
+}
+
+// requireConfiguredFired fails t for each configured fault kind that was
+// never injected: a fault that never fired tested nothing.
+func (f *runFigures) requireConfiguredFired(t *testing.T) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k := range f.configured {
+		require.Positive(t, f.faults[k], "fault kind %s was configured but injected 0 times", k)
+	}
+}
+
+type figures struct {
+	runFigures
+	rep     history.Report
+	lin     map[string]int
+	linTime time.Duration
+}
+
 func newFigures() *figures {
-	return &figures{start: time.Now(), ops: map[string]map[history.Outcome]int{}, faults: map[faultbackend.Kind]int64{},
-		configured: map[faultbackend.Kind]bool{}, lin: map[string]int{}}
+	f := &figures{lin: map[string]int{}}
+	f.init()
+	return f
 }
 
 func (f *figures) add(res *sim.Result, rep *history.Report, wall time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.seeds++
-	sim.OpCounts(res.History, f.ops)
-	for k, v := range res.Counts {
-		f.faults[k] += v
-	}
-	for _, k := range res.Active {
-		f.configured[k] = true
-	}
+	f.addRun(res.History, res.Counts, res.Active, rep.Anomalies(), res.Fake, wall)
 	f.rep.StaleAttempted += rep.StaleAttempted
 	f.rep.StaleRejected += rep.StaleRejected
 	f.rep.StaleApplied += rep.StaleApplied
@@ -125,23 +172,14 @@ func (f *figures) add(res *sim.Result, rep *history.Report, wall time.Duration) 
 	f.rep.ClockOverlaps += rep.ClockOverlaps
 	f.rep.LiveObligations += rep.LiveObligations
 	f.rep.Violations = append(f.rep.Violations, rep.Violations...)
-	f.anomalies += rep.Anomalies()
 	f.lin[rep.Lin]++
 	f.linTime += rep.LinTime
-	f.fake += res.Fake
-	if wall > f.slowest {
-		f.slowest, f.slowSeed = wall, res.History.Seed
-	}
 }
 
 func (f *figures) line(test string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var kinds []faultbackend.Kind
-	for k := range f.configured {
-		kinds = append(kinds, k)
-	}
-	sort.Slice(kinds, func(i, j int) bool { return kinds[i] < kinds[j] })
+	kinds := f.kinds()
 	var lins []string
 	for k, v := range f.lin {
 		lins = append(lins, fmt.Sprintf("%s:%d", k, v))
@@ -163,15 +201,4 @@ func (f *figures) line(test string) string {
 		s += " " + e
 	}
 	return s
-}
-
-// requireConfiguredFired fails t for each configured fault kind that was
-// never injected: a fault that never fired tested nothing.
-func (f *figures) requireConfiguredFired(t *testing.T) {
-	t.Helper()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for k := range f.configured {
-		require.Positive(t, f.faults[k], "fault kind %s was configured but injected 0 times", k)
-	}
 }
