@@ -206,17 +206,26 @@ func checkOneLeader(h *ElectHistory, r *ElectReport) {
 
 func dbTime(ns int64) string { return time.Unix(0, ns).UTC().Format("15:04:05.000000") }
 
-func checkTerms(h *ElectHistory, r *ElectReport) {
-	type grant struct {
-		token int64
-		owner string
-	}
+// grant is a lease the database granted: its token and owner.
+type grant struct {
+	token int64
+	owner string
+}
+
+// grants are the leases of the election's key that the database granted
+// (its audit log).
+func grants(h *ElectHistory) map[grant]bool {
 	granted := map[grant]bool{}
 	for _, a := range h.Lock.Audit {
 		if a.Key == h.Key && a.Kind == history.Acquire && a.Outcome == history.OK {
 			granted[grant{a.Token, a.Owner}] = true
 		}
 	}
+	return granted
+}
+
+func checkTerms(h *ElectHistory, r *ElectReport) {
+	granted := grants(h)
 	ts := append([]TermRecord(nil), h.Terms...)
 	sort.SliceStable(ts, func(i, j int) bool {
 		if ts[i].Start != ts[j].Start {
@@ -354,16 +363,7 @@ func returned(at int64) string {
 }
 
 func checkObserve(h *ElectHistory, r *ElectReport) {
-	type grant struct {
-		token int64
-		owner string
-	}
-	granted := map[grant]bool{}
-	for _, a := range h.Lock.Audit {
-		if a.Key == h.Key && a.Kind == history.Acquire && a.Outcome == history.OK {
-			granted[grant{a.Token, a.Owner}] = true
-		}
-	}
+	granted := grants(h)
 	last := map[int]int64{} // per observer: the highest term it reported
 	type term struct {
 		observer int
