@@ -108,15 +108,7 @@ func BenchmarkClientPair(b *testing.B) {
 func BenchmarkObserver(b *testing.B) {
 	ctx := context.Background()
 	var n atomic.Int64
-	noop := &sqllock.Observer{
-		AcquireAttempt: func(context.Context, sqllock.AcquireAttemptEvent) {},
-		Acquire:        func(context.Context, sqllock.AcquireEvent) {},
-		Renew:          func(context.Context, sqllock.RenewEvent) {},
-		Release:        func(context.Context, sqllock.ReleaseEvent) {},
-		Lost:           func(context.Context, sqllock.LostEvent) {},
-		GuardStart:     func(context.Context, sqllock.GuardEvent) {},
-		GuardEnd:       func(context.Context, sqllock.GuardEvent) {},
-	}
+	noop := noopObserver()
 	counting := &sqllock.Observer{
 		AcquireAttempt: func(_ context.Context, e sqllock.AcquireAttemptEvent) { n.Add(int64(e.Duration)) },
 		Acquire:        func(_ context.Context, e sqllock.AcquireEvent) { n.Add(int64(e.Attempts)) },

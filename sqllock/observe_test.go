@@ -518,14 +518,10 @@ func TestObserverSettleAttempts(t *testing.T) {
 	})
 }
 
-// TestObserverAllocatesNothing: a client with an observer allocates what
-// one without does, plus one small struct per Guard (its events' state,
-// which a Guard without an observer does without), so building and
-// delivering events allocates nothing. Not parallel: AllocsPerRun counts
-// every goroutine's allocations. BenchmarkObserver reports the figures.
-func TestObserverAllocatesNothing(t *testing.T) {
-	ctx := context.Background()
-	noop := &sqllock.Observer{
+// noopObserver has every func set, each doing nothing: it measures what
+// building and delivering events costs.
+func noopObserver() *sqllock.Observer {
+	return &sqllock.Observer{
 		AcquireAttempt: func(context.Context, sqllock.AcquireAttemptEvent) {},
 		Acquire:        func(context.Context, sqllock.AcquireEvent) {},
 		Renew:          func(context.Context, sqllock.RenewEvent) {},
@@ -534,6 +530,16 @@ func TestObserverAllocatesNothing(t *testing.T) {
 		GuardStart:     func(context.Context, sqllock.GuardEvent) {},
 		GuardEnd:       func(context.Context, sqllock.GuardEvent) {},
 	}
+}
+
+// TestObserverAllocatesNothing: a client with an observer allocates what
+// one without does, plus one small struct per Guard (its events' state,
+// which a Guard without an observer does without), so building and
+// delivering events allocates nothing. Not parallel: AllocsPerRun counts
+// every goroutine's allocations. BenchmarkObserver reports the figures.
+func TestObserverAllocatesNothing(t *testing.T) {
+	ctx := context.Background()
+	noop := noopObserver()
 	allocs := func(obs *sqllock.Observer) float64 {
 		c, err := sqllock.New(memory.New(), sqllock.Options{Observer: obs})
 		require.NoError(t, err)
