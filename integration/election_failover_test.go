@@ -16,11 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/internal/testkit/pgtest"
-	"github.com/ashlock/ashlock/migrations"
 )
 
 // The election failover tests (issue: leader election) run real processes:
@@ -63,9 +61,7 @@ func TestElectionFailoverSQLite(t *testing.T) {
 func TestElectionFailoverPostgres(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	defer sqlDB.Close()
-	require.NoError(t, migrations.Up(context.Background(), migrations.Postgres, sqlDB, migrations.Options{Schema: db.Schema}))
+	migrateUp(context.Background(), t, db)
 	failover(t, "postgres", db.URL)
 }
 

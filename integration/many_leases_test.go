@@ -11,13 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/dialect/postgres"
 	"github.com/ashlock/ashlock/dialect/sqlite"
 	"github.com/ashlock/ashlock/internal/testkit/pgtest"
-	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -53,9 +51,7 @@ func TestManyLeasesHeldPostgres(t *testing.T) {
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, migrations.Options{Schema: db.Schema}))
-	require.NoError(t, sqlDB.Close())
+	migrateUp(ctx, t, db)
 	be, err := postgres.New(db.Pool, postgres.Options{})
 	require.NoError(t, err)
 	holdMany(t, "postgres", be, 32)

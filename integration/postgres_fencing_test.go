@@ -13,12 +13,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/dialect/postgres"
 	"github.com/ashlock/ashlock/internal/testkit/pgtest"
-	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -46,9 +44,7 @@ func TestPostgresFencedContention(t *testing.T) {
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, migrations.Options{Schema: db.Schema}))
-	require.NoError(t, sqlDB.Close())
+	migrateUp(ctx, t, db)
 	_, err := db.Pool.Exec(ctx, `
 		CREATE TABLE counter (k text PRIMARY KEY, n bigint NOT NULL);
 		CREATE TABLE protected (k text PRIMARY KEY, val bigint NOT NULL, fence bigint NOT NULL);

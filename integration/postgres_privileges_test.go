@@ -62,9 +62,7 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, migrations.Options{Schema: db.Schema}))
-	require.NoError(t, sqlDB.Close())
+	migrateUp(ctx, t, db)
 
 	var buf [6]byte
 	_, _ = rand.Read(buf[:])
@@ -238,9 +236,7 @@ func TestPostgresReadOnlySession(t *testing.T) {
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, migrations.Options{Schema: db.Schema}))
-	require.NoError(t, sqlDB.Close())
+	migrateUp(ctx, t, db)
 
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	require.NoError(t, err)

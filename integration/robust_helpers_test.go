@@ -117,6 +117,14 @@ func (pc *robustClient) extraPool(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
+// migrateUp applies every migration to db's schema.
+func migrateUp(ctx context.Context, t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, migrations.Options{Schema: db.Schema}))
+	require.NoError(t, sqlDB.Close())
+}
+
 func newRobustWorld(t *testing.T, name string, seed uint64, ttl time.Duration, params history.Params) *robustWorld {
 	t.Helper()
 	return newRobustWorldOn(t, pgtest.New(t), name, seed, ttl, params)
@@ -132,9 +140,7 @@ func newRobustWorldOn(t *testing.T, db *pgtest.DB, name string, seed uint64, ttl
 	require.Less(t, params.Eps, robustSettings.margin, "the checker's slack must be below the clients' margin")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, migrations.Options{Schema: db.Schema}))
-	require.NoError(t, sqlDB.Close())
+	migrateUp(ctx, t, db)
 	_, err := db.Pool.Exec(ctx, robustAuditSQL)
 	require.NoError(t, err)
 	rec := history.NewRecorder(name, seed, params)
