@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"cirello.io/pglock"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ashlock/ashlock/dialect/postgres"
 	"github.com/ashlock/ashlock/sqllock"
@@ -109,10 +111,10 @@ func (e *pgEnv) handoff(ctx context.Context, cfg *config) ([]Latency, error) {
 		n = 20
 	}
 	type variant struct {
-		name, note     string
-		holder, waiter *handoffSide
-		ds             []time.Duration
-		errs           int
+		name, note string
+		one        func(ctx context.Context, key string, hold time.Duration) (time.Duration, error)
+		ds         []time.Duration
+		errs       int
 	}
 	var vs []*variant
 	for _, notify := range []bool{true, false} {
@@ -131,14 +133,22 @@ func (e *pgEnv) handoff(ctx context.Context, cfg *config) ([]Latency, error) {
 			return nil, err
 		}
 		defer w.close()
-		vs = append(vs, &variant{name: name, note: note, holder: h, waiter: w})
+		vs = append(vs, &variant{name: name, note: note, one: func(ctx context.Context, key string, hold time.Duration) (time.Duration, error) {
+			return oneHandoff(ctx, h.client, w.client, key, hold)
+		}})
 	}
+	raw, err := e.newRawHandoff(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer raw.close()
+	vs = append(vs, &variant{name: rawHandoffName, note: "the floor of a wake-up by notification on this machine: see below", one: raw.one})
 	rng := rand.New(rand.NewPCG(1, 2))
 	// One warm-up each (starts the listener), then the samples, alternating.
 	for i := -1; i < n; i++ {
 		for k := range vs {
 			v := vs[(k+i+1)%len(vs)]
-			d, err := oneHandoff(ctx, v.holder.client, v.waiter.client, "handoff-"+v.name, handoffHold(rng))
+			d, err := v.one(ctx, "handoff-"+v.name, handoffHold(rng))
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -158,6 +168,129 @@ func (e *pgEnv) handoff(ctx context.Context, cfg *config) ([]Latency, error) {
 		out = append(out, l)
 	}
 	return out, nil
+}
+
+// rawHandoffName names the raw handoff in the report.
+const rawHandoffName = "raw statements + LISTEN/NOTIFY"
+
+// rawHandoffChannel is the raw handoff's notification channel.
+const rawHandoffChannel = "bench_raw_handoff"
+
+// rawReleaseNotifySQL is the raw release with a notification, committed
+// asynchronously as ashlock's default release is.
+const rawReleaseNotifySQL = `
+WITH async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
+r AS (UPDATE raw_locks AS l SET held = false FROM async WHERE l.key = $1 AND l.token = $2 RETURNING l.key)
+SELECT pg_notify('` + rawHandoffChannel + `', r.key) FROM r`
+
+// rawHandoff is the handoff a hand-written lock on the raw statements
+// would do, on the same machine and server as ashlock's: the holder
+// releases with the raw release and a pg_notify in the same statement;
+// the waiter, refused by the raw upsert, waits for a notification on a
+// connection of its own that LISTENs, then sends the upsert again (a
+// durable grant). No client library, no guard, no renewal: what is left
+// is the two statements, the commit, the notification and the wake-ups
+// between processes, which ashlock's handoff cannot go below.
+type rawHandoff struct {
+	holder, waiter *pgxpool.Pool
+	listen         *pgx.Conn
+}
+
+func (e *pgEnv) newRawHandoff(ctx context.Context) (*rawHandoff, error) {
+	r := &rawHandoff{}
+	var err error
+	if r.holder, err = e.newPool(ctx, 4, nil); err != nil {
+		return nil, err
+	}
+	if r.waiter, err = e.newPool(ctx, 4, nil); err != nil {
+		r.close()
+		return nil, err
+	}
+	if r.listen, err = pgx.Connect(ctx, e.url); err != nil {
+		r.close()
+		return nil, err
+	}
+	if _, err = r.listen.Exec(ctx, "LISTEN "+rawHandoffChannel); err != nil {
+		r.close()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *rawHandoff) close() {
+	if r.listen != nil {
+		r.listen.Close(context.Background())
+	}
+	if r.waiter != nil {
+		r.waiter.Close()
+	}
+	if r.holder != nil {
+		r.holder.Close()
+	}
+}
+
+// acquire sends the raw upsert: the token, or 0 when the key is held.
+func rawAcquire(ctx context.Context, pool *pgxpool.Pool, key, owner string) (int64, error) {
+	var token int64
+	err := pool.QueryRow(ctx, rawAcquireSQL, key, micros(30*time.Second), owner).Scan(&token)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	return token, err
+}
+
+// one is oneHandoff for the raw statements.
+func (r *rawHandoff) one(ctx context.Context, key string, hold time.Duration) (time.Duration, error) {
+	token, err := rawAcquire(ctx, r.holder, key, "raw-holder")
+	if err != nil || token == 0 {
+		return 0, fmt.Errorf("holder: token %d: %w", token, err)
+	}
+	type result struct {
+		at    time.Time
+		token int64
+		e     error
+	}
+	got := make(chan result, 1)
+	waiting := make(chan struct{})
+	go func() {
+		for first := true; ; first = false {
+			t, err := rawAcquire(ctx, r.waiter, key, "raw-waiter")
+			if err != nil || t > 0 {
+				got <- result{time.Now(), t, err}
+				return
+			}
+			if first {
+				close(waiting)
+			}
+			// Wake on a notification, or poll every 100 ms.
+			wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			_, err = r.listen.WaitForNotification(wctx)
+			cancel()
+			if err != nil && ctx.Err() != nil {
+				got <- result{e: ctx.Err()}
+				return
+			}
+		}
+	}()
+	select {
+	case <-waiting:
+	case res := <-got:
+		return 0, fmt.Errorf("waiter: not refused: token %d: %w", res.token, res.e)
+	}
+	time.Sleep(hold)
+	t0 := time.Now()
+	if _, err := r.holder.Exec(ctx, rawReleaseNotifySQL, key, token); err != nil {
+		return 0, fmt.Errorf("holder release: %w", err)
+	}
+	res := <-got
+	if res.e != nil {
+		return 0, fmt.Errorf("waiter: %w", res.e)
+	}
+	// Release without a notification: nobody waits.
+	if _, err := r.waiter.Exec(ctx, rawReleaseAsyncSQL, key, res.token); err != nil {
+		return 0, err
+	}
+	return res.at.Sub(t0), nil
 }
 
 // startPglockHandoff starts the pglock handoff samples in the background

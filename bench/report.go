@@ -346,6 +346,19 @@ func (r *Report) markdown() string {
 			w("| %s | %d | %.2f | %.2f | %.2f | %.2f | %s |\n", l.Name, l.N, l.P50ms, l.P90ms, l.P99ms, l.MaxMs, l.Note)
 		}
 		w("\nTarget (PostgreSQL, with notifications): p50 ≤ 2 ms, p99 ≤ 20 ms (BENCH.md). With %d samples, p99 is close to the maximum.\n", r.Handoff[0].N)
+		var ash, raw *Latency
+		for i := range r.Handoff {
+			switch r.Handoff[i].Name {
+			case "ashlock, notifications (default)":
+				ash = &r.Handoff[i]
+			case rawHandoffName:
+				raw = &r.Handoff[i]
+			}
+		}
+		if ash != nil && raw != nil && raw.P50ms > 0 {
+			w("\nThe floor: a hand-written lock on the raw statements (%s: the raw release with a `pg_notify` in the same statement, committed asynchronously as ashlock's; the waiter, refused by the raw upsert, LISTENs on a connection of its own and sends the upsert again when notified; interleaved with ashlock's samples) hands off in p50 %.2f ms, p99 %.2f ms here; ashlock's default handoff is %.2f× that p50. Each handoff is two statements, a durable commit, a notification and the wake-ups of idle processes between them; on this machine these alone take what the raw row shows.\n",
+				raw.Name, raw.P50ms, raw.P99ms, ash.P50ms/raw.P50ms)
+		}
 	}
 	if len(r.Takeover) > 0 {
 		w("\n## Takeover after a crashed holder\n\nA holder takes the key with a %v lease and never renews or releases it; a waiter calls `Acquire` 30 ms later. Sample: the new lease's grant time minus the old lease's deadline, both by the backend's clock (SQLite's in whole milliseconds).\n\n| backend | n | p50 ms | p90 ms | max ms |\n|---|--:|--:|--:|--:|\n", takeoverTTL)

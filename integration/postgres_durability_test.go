@@ -2,10 +2,12 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
@@ -60,49 +62,67 @@ func appBackend(t *testing.T, url, level string) (*pgxpool.Pool, *postgres.Backe
 }
 
 // TestPostgresGrantSurvivesCrashOnAsyncSession: on a session with
-// synchronous_commit=off, grant and renew, crash the server (pg_ctl stop -m
-// immediate), start it again: the grant and the renewed deadline are
-// there, and the next grant's token is greater. wal_writer_delay is raised
-// to its maximum (10 s) and autovacuum is off, so nothing else flushes the
-// WAL inside the window: an asynchronous grant is lost on every round.
+// synchronous_commit=off, grant, crash the server (pg_ctl stop -m
+// immediate), start it again: the grant is there; renew, crash again: the
+// renewed deadline is there, and the next grant's token is greater. Each
+// crash follows one statement alone, so that no later durable commit can
+// flush an asynchronous one before it: round 1 grants with the first
+// insert, the others with the UPDATE. wal_writer_delay is raised to its
+// maximum (10 s) and autovacuum is off, so nothing else flushes the WAL
+// inside the window: an asynchronous grant or renewal is lost on every
+// round.
 func TestPostgresGrantSurvivesCrashOnAsyncSession(t *testing.T) {
 	t.Parallel()
 	srv, _ := durabilityServer(t, map[string]string{"wal_writer_delay": "10s", "autovacuum": "off"})
 	const key, rounds = "nightly", 3
 	last := int64(0)
+	crashes := 0
+	// crash stops the server at once, starts it again and reads key's row.
+	crash := func(ctx context.Context) (token int64, held bool, deadline time.Time) {
+		t.Helper()
+		require.NoError(t, srv.Stop(pgtest.StopImmediate))
+		require.NoError(t, srv.Start())
+		crashes++
+		admin := restartPool(t, srv.URL, "durability-check", 1)
+		defer admin.Close()
+		err := admin.QueryRow(ctx, "SELECT token, held, deadline FROM sqllock_locks WHERE key = $1", key).Scan(&token, &held, &deadline)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, false, time.Time{}
+		}
+		require.NoError(t, err)
+		return token, held, deadline
+	}
 	for round := 1; round <= rounds; round++ {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		pool, be := appBackend(t, srv.URL, "off")
 		l, err := be.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: fmt.Sprintf("round-%d", round)})
 		require.NoError(t, err, "round %d", round)
 		require.Greater(t, l.Token, last, "round %d: a token was handed out twice", round)
+		require.NoError(t, be.Close())
+		pool.Close()
+		token, held, _ := crash(ctx)
+		require.Equal(t, l.Token, token, "round %d: the acknowledged grant of token %d was lost in the crash", round, l.Token)
+		require.True(t, held, "round %d: the acknowledged grant was lost in the crash", round)
+
+		pool, be = appBackend(t, srv.URL, "off")
 		renewed, err := be.TryRenew(ctx, l, time.Hour)
 		require.NoError(t, err)
 		require.NoError(t, be.Close())
 		pool.Close()
-
-		require.NoError(t, srv.Stop(pgtest.StopImmediate))
-		require.NoError(t, srv.Start())
-
-		admin := restartPool(t, srv.URL, "durability-check", 1)
-		var (
-			token    int64
-			held     bool
-			deadline time.Time
-		)
-		err = admin.QueryRow(ctx, "SELECT token, held, deadline FROM sqllock_locks WHERE key = $1", key).Scan(&token, &held, &deadline)
-		require.NoError(t, err, "round %d: the acknowledged grant of token %d was lost in the crash", round, l.Token)
-		require.Equal(t, l.Token, token, "round %d: the acknowledged grant was lost in the crash", round)
+		token, held, deadline := crash(ctx)
+		require.Equal(t, l.Token, token)
 		require.True(t, held)
 		require.False(t, deadline.Before(renewed.Deadline), "round %d: the acknowledged renewal was lost in the crash (deadline %v, renewed to %v)", round, deadline, renewed.Deadline)
+
 		// End the lease so that the next round's grant is a new tenure.
+		admin := restartPool(t, srv.URL, "durability-check", 1)
 		_, err = admin.Exec(ctx, "UPDATE sqllock_locks SET deadline = clock_timestamp() WHERE key = $1", key)
 		require.NoError(t, err)
 		admin.Close()
 		last = l.Token
 		cancel()
 	}
-	t.Logf("RESULT test=TestPostgresGrantSurvivesCrashOnAsyncSession rounds=%d crashes=%d last_token=%d", rounds, rounds, last)
+	t.Logf("RESULT test=TestPostgresGrantSurvivesCrashOnAsyncSession rounds=%d crashes=%d last_token=%d", rounds, crashes, last)
 }
 
 // TestPostgresGrantWaitsForSynchronousStandby: a server that names a

@@ -14,8 +14,10 @@ import (
 // hour ahead of or behind the hosts' clocks changes nothing. Deadlines are
 // database time, the guard's local deadline is the host's monotonic send
 // time + TTL − margin, and the two are never compared. The skew is made by
-// a clock_timestamp() in a schema that comes before pg_catalog in the
-// search_path, which the statements' unqualified clock_timestamp() finds.
+// a statement_timestamp() and a clock_timestamp() in a schema that comes
+// before pg_catalog in the search_path, which the statements' unqualified
+// calls find (the single-key statements read the former, the batch
+// statements the latter).
 func TestDatabaseClockSkew(t *testing.T) {
 	t.Parallel()
 	for name, offset := range map[string]string{"Ahead": "1 hour", "Behind": "-1 hour"} {
@@ -29,7 +31,9 @@ func TestDatabaseClockSkew(t *testing.T) {
 			skew := bundle.db.Schema + "_skew"
 			_, err := bundle.db.Pool.Exec(testCtx(t), `CREATE SCHEMA `+skew+`;
 CREATE FUNCTION `+skew+`.clock_timestamp() RETURNS timestamptz LANGUAGE sql VOLATILE
-AS $$ SELECT pg_catalog.clock_timestamp() + interval '`+offset+`' $$`)
+AS $$ SELECT pg_catalog.clock_timestamp() + interval '`+offset+`' $$;
+CREATE FUNCTION `+skew+`.statement_timestamp() RETURNS timestamptz LANGUAGE sql STABLE
+AS $$ SELECT pg_catalog.statement_timestamp() + interval '`+offset+`' $$`)
 			require.NoError(t, err)
 			t.Cleanup(func() {
 				_, err := bundle.db.Pool.Exec(testCtx(t), `DROP SCHEMA `+skew+` CASCADE`)

@@ -5,7 +5,7 @@
 // up`): one row per key with its latest fencing token, whether it is held,
 // its deadline by the database clock and its owner. TryAcquire, TryRenew and
 // Release are each one statement and one round trip; the database clock
-// (clock_timestamp()) alone decides expiry. A TryAcquire that finds the key
+// (statement_timestamp(), read once per statement) alone decides expiry. A TryAcquire that finds the key
 // held locks no row, assigns no transaction id and writes no WAL of its own
 // (its read may prune dead row versions that renewals left on the page:
 // about one record of ~270 bytes per hundred renewals), so waiters that poll
@@ -328,9 +328,10 @@ func micros(ttl time.Duration) int64 {
 }
 
 // leaseMicros is what a statement adds to its "now" for a lease of ttl:
-// ttl in whole microseconds, rounded up, and one more. clock_timestamp()
-// reads whole microseconds, truncated, so the statement's now may be up to
-// 1µs before the instant it was read; with the extra microsecond a deadline
+// ttl in whole microseconds, rounded up, and one more. PostgreSQL's clock
+// (statement_timestamp(), clock_timestamp()) reads whole microseconds,
+// truncated, so the statement's now may be up to 1µs before the instant it
+// was read; with the extra microsecond a deadline
 // is always later than (that instant + ttl), and so later than the holder's
 // send time + ttl, whatever margin the client uses.
 func leaseMicros(ttl time.Duration) int64 { return micros(ttl) + 1 }
@@ -451,6 +452,9 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	)
 	err := b.queryRow(ctx, b.renewSQL, []any{l.Key, l.Token, leaseMicros(ttl)},
 		&renewed, &deadline, &current, &held, &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return sqllock.Lease{}, lostReason(l, 0, false, deadline, now) // no row
+	}
 	if err != nil {
 		return sqllock.Lease{}, b.translate(ctx, opRenew, l.Key, err)
 	}
@@ -605,6 +609,9 @@ func (b *Backend) release(ctx context.Context, l sqllock.Lease) error {
 		return b.queryRow(ctx, st.release, []any{l.Key, l.Token, l.Owner},
 			&released, &valid, &current, &held, &deadline, &owner, &now, &notified)
 	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return releasedLost(l, false, 0, false, "") // the key has no row
+	}
 	if err != nil {
 		return b.translate(ctx, opRelease, l.Key, err)
 	}
