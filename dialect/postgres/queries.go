@@ -20,8 +20,12 @@ package postgres
 // perf on this project's benchmark machine). The statement starts after
 // its client sent it, so a deadline computed from it is no earlier than
 // one computed from the client's send time, the rule the guard's local
-// deadline relies on. The batch statements (group commit, batch renewal),
-// one per many leases, read clock_timestamp() once in a materialized CTE.
+// deadline relies on. A release also judges the lease it releases by
+// clock_timestamp() in the RETURNING of that row, the instant it released
+// it, after any wait for the row's lock (see releaseSQL). The batch
+// statements (group commit, batch renewal), one per many leases, read
+// clock_timestamp() once in a materialized CTE; they skip the rows that
+// other transactions hold locked instead of waiting for them.
 // TTLs are bound as whole microseconds, rounded up in Go, and turned into
 // an interval with "$n::bigint * interval '1 microsecond'", exact for every
 // TTL up to sqllock.MaxTTL.
@@ -275,9 +279,11 @@ LEFT JOIN {{table}} AS c ON c.key = r.key AND u.key IS NULL`
 // the token and deadline, and records $3 as the owner who released it. It
 // returns one row when the key has a row (none when it has not, which the
 // caller reads as token 0): released, whether the released lease was still
-// valid (deadline > now), the current token, held flag, deadline and owner
-// as the snapshot saw them (before the release), the database time used,
-// and how many notifications it sent. As in acquireSQL, it is one SELECT
+// valid (its deadline later than the clock read when the row was released,
+// after any wait for its row lock: clock_timestamp() in the RETURNING of
+// the row it released), the current token, held flag, deadline and owner
+// as the snapshot saw them (before the release), the statement's time, and
+// how many notifications it sent. As in acquireSQL, it is one SELECT
 // over the key's row and a left join with the UPDATE: no branch that is
 // set up on every execution to run only when nothing was released.
 //
@@ -313,9 +319,9 @@ WITH upd AS (
     UPDATE {{table}} AS l
     SET held = false, owner = $3
     WHERE l.key = $1 AND l.token = $2 AND l.held
-    RETURNING l.deadline, {{waited}} AS waited, {{release_commit}} AS commit
+    RETURNING l.deadline > clock_timestamp() AS valid, {{waited}} AS waited, {{release_commit}} AS commit
 )
-SELECT u.deadline IS NOT NULL AS released, coalesce(u.deadline > statement_timestamp(), false) AS valid,
+SELECT u.valid IS NOT NULL AS released, coalesce(u.valid, false) AS valid,
        c.token, c.held, c.deadline, c.owner, statement_timestamp() AS now, {{notify}} AS notified
 FROM {{table}} AS c LEFT JOIN upd AS u ON true
 WHERE c.key = $1`

@@ -71,6 +71,33 @@ func TestReleaseRace(t *testing.T) {
 	})
 }
 
+// TestReleaseJudgedWhenReleased: a Release whose lease is valid when the
+// statement starts, but which waits on the row's lock until its deadline
+// has passed, reports the lease expired: the lease is judged by the clock
+// when the row is released (after the wait), not when the statement began.
+func TestReleaseJudgedWhenReleased(t *testing.T) {
+	t.Parallel()
+	bundle := newBundle(t, Options{})
+	const ttl = 300 * time.Millisecond
+	l := acquireOK(t, bundle.backend, "k", "o1", ttl)
+	tx, err := bundle.db.Pool.Begin(testCtx(t))
+	require.NoError(t, err)
+	defer tx.Rollback(testCtx(t))
+	_, err = tx.Exec(testCtx(t), "SELECT FROM "+bundle.backend.table+" WHERE key = $1 FOR SHARE", l.Key)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- bundle.backend.Release(testCtx(t), l) }()
+	blockedBy(t, bundle.db.Pool, tx.Conn().PgConn().PID())
+	var passed bool
+	require.Eventually(t, func() bool {
+		require.NoError(t, bundle.db.Pool.QueryRow(testCtx(t), "SELECT clock_timestamp() > $1", l.Deadline).Scan(&passed))
+		return passed
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, tx.Commit(testCtx(t)))
+	requireLost(t, <-done, sqllock.LostExpired)
+	require.False(t, listOne(t, bundle.backend, "k").Held, "the lease's row is still held after Release")
+}
+
 // releaseDuring releases l while a transaction that ran change (on one row)
 // holds the row, and commits that transaction once the Release waits on it.
 func releaseDuring(t *testing.T, bundle *testBundle, l sqllock.Lease, change string, args ...any) error {
