@@ -118,7 +118,7 @@ func (e *pgEnv) handoff(ctx context.Context, cfg *config) ([]Latency, error) {
 	}
 	var vs []*variant
 	for _, notify := range []bool{true, false} {
-		name := "ashlock, notifications (default)"
+		name := notifyHandoffName
 		note := "LISTEN/NOTIFY wake-up"
 		if !notify {
 			name, note = "ashlock, DisableNotify", "polling with DefaultBackoff"
@@ -170,8 +170,12 @@ func (e *pgEnv) handoff(ctx context.Context, cfg *config) ([]Latency, error) {
 	return out, nil
 }
 
-// rawHandoffName names the raw handoff in the report.
-const rawHandoffName = "raw statements + LISTEN/NOTIFY"
+// The names of the handoffs the report compares.
+const (
+	notifyHandoffName = "ashlock, notifications (default)"
+	rawHandoffName    = "raw statements + LISTEN/NOTIFY"
+)
+
 
 // rawHandoffChannel is the raw handoff's notification channel.
 const rawHandoffChannel = "bench_raw_handoff"
@@ -229,19 +233,9 @@ func (r *rawHandoff) close() {
 	}
 }
 
-// acquire sends the raw upsert: the token, or 0 when the key is held.
-func rawAcquire(ctx context.Context, pool *pgxpool.Pool, key, owner string) (int64, error) {
-	var token int64
-	err := pool.QueryRow(ctx, rawAcquireSQL, key, micros(30*time.Second), owner).Scan(&token)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil
-	}
-	return token, err
-}
-
 // one is oneHandoff for the raw statements.
 func (r *rawHandoff) one(ctx context.Context, key string, hold time.Duration) (time.Duration, error) {
-	token, err := rawAcquire(ctx, r.holder, key, "raw-holder")
+	token, err := rawAcquire(ctx, r.holder, key, "raw-holder", micros(sqllock.DefaultTTL))
 	if err != nil || token == 0 {
 		return 0, fmt.Errorf("holder: token %d: %w", token, err)
 	}
@@ -254,7 +248,7 @@ func (r *rawHandoff) one(ctx context.Context, key string, hold time.Duration) (t
 	waiting := make(chan struct{})
 	go func() {
 		for first := true; ; first = false {
-			t, err := rawAcquire(ctx, r.waiter, key, "raw-waiter")
+			t, err := rawAcquire(ctx, r.waiter, key, "raw-waiter", micros(sqllock.DefaultTTL))
 			if err != nil || t > 0 {
 				got <- result{time.Now(), t, err}
 				return

@@ -223,18 +223,25 @@ func (e *pgEnv) rawContender(name, releaseSQL string, releasePool *pgxpool.Pool)
 		ttl := micros(e.ttl)
 		return func(ctx context.Context) (bool, error) {
 			key := e.keys[rng.IntN(len(e.keys))]
-			var token int64
-			err := e.pool.QueryRow(ctx, rawAcquireSQL, key, ttl, owner).Scan(&token)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return false, nil
-			}
-			if err != nil {
+			token, err := rawAcquire(ctx, e.pool, key, owner, ttl)
+			if err != nil || token == 0 {
 				return false, err
 			}
 			_, err = releasePool.Exec(ctx, releaseSQL, key, token)
 			return true, err
 		}
 	}}
+}
+
+// rawAcquire sends the raw upsert for ttl microseconds: the token, or 0
+// when the key is held.
+func rawAcquire(ctx context.Context, pool *pgxpool.Pool, key, owner string, ttl int64) (int64, error) {
+	var token int64
+	err := pool.QueryRow(ctx, rawAcquireSQL, key, ttl, owner).Scan(&token)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	return token, err
 }
 
 func backendContender(name string, b sqllock.Backend, keys []string, ttl time.Duration) contender {

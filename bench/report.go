@@ -349,7 +349,7 @@ func (r *Report) markdown() string {
 		var ash, raw *Latency
 		for i := range r.Handoff {
 			switch r.Handoff[i].Name {
-			case "ashlock, notifications (default)":
+			case notifyHandoffName:
 				ash = &r.Handoff[i]
 			case rawHandoffName:
 				raw = &r.Handoff[i]
