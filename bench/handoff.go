@@ -176,7 +176,6 @@ const (
 	rawHandoffName    = "raw statements + LISTEN/NOTIFY"
 )
 
-
 // rawHandoffChannel is the raw handoff's notification channel.
 const rawHandoffChannel = "bench_raw_handoff"
 
@@ -236,8 +235,11 @@ func (r *rawHandoff) close() {
 // one is oneHandoff for the raw statements.
 func (r *rawHandoff) one(ctx context.Context, key string, hold time.Duration) (time.Duration, error) {
 	token, err := rawAcquire(ctx, r.holder, key, "raw-holder", micros(sqllock.DefaultTTL))
-	if err != nil || token == 0 {
-		return 0, fmt.Errorf("holder: token %d: %w", token, err)
+	if err != nil {
+		return 0, fmt.Errorf("holder: %w", err)
+	}
+	if token == 0 {
+		return 0, fmt.Errorf("holder: %q is held", key)
 	}
 	type result struct {
 		at    time.Time
@@ -269,7 +271,10 @@ func (r *rawHandoff) one(ctx context.Context, key string, hold time.Duration) (t
 	select {
 	case <-waiting:
 	case res := <-got:
-		return 0, fmt.Errorf("waiter: not refused: token %d: %w", res.token, res.e)
+		if res.e != nil {
+			return 0, fmt.Errorf("waiter: %w", res.e)
+		}
+		return 0, fmt.Errorf("waiter: granted token %d while the holder held %q", res.token, key)
 	}
 	time.Sleep(hold)
 	t0 := time.Now()
