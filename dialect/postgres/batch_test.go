@@ -55,11 +55,7 @@ func TestBatchSkipsLockedRow(t *testing.T) {
 	ctx := testCtx(t)
 	locked := acquireOK(t, b, "locked", "o", time.Minute)
 	free := acquireOK(t, b, "free", "o", time.Minute)
-	tx, err := bundle.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, "SELECT FROM "+b.table+" WHERE key = 'locked' FOR SHARE")
-	require.NoError(t, err)
+	tx := holdRows(t, bundle.db.Pool, b.table, "FOR SHARE", "locked")
 
 	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

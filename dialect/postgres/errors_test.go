@@ -33,15 +33,25 @@ func requireSentinel(t *testing.T, err, sentinel error, contains string) {
 	require.Contains(t, err.Error(), contains)
 }
 
+// holdRows starts a transaction that locks keys' rows (every one must
+// exist) with lock, "FOR UPDATE" or "FOR SHARE" (as a fenced transaction
+// does), and rolls it back when the test ends unless it ended before.
+func holdRows(t *testing.T, pool *pgxpool.Pool, table, lock string, keys ...string) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(testCtx(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	tag, err := tx.Exec(testCtx(t), "SELECT FROM "+table+" WHERE key = ANY($1) "+lock, keys)
+	require.NoError(t, err)
+	require.EqualValues(t, len(keys), tag.RowsAffected())
+	return tx
+}
+
 // lockRows starts a transaction that holds keys' rows FOR UPDATE until the
 // returned function rolls it back.
 func lockRows(t *testing.T, pool *pgxpool.Pool, table string, keys ...string) (pid uint32, rollback func()) {
 	t.Helper()
-	tx, err := pool.Begin(testCtx(t))
-	require.NoError(t, err)
-	tag, err := tx.Exec(testCtx(t), "SELECT FROM "+table+" WHERE key = ANY($1) FOR UPDATE", keys)
-	require.NoError(t, err)
-	require.EqualValues(t, len(keys), tag.RowsAffected())
+	tx := holdRows(t, pool, table, "FOR UPDATE", keys...)
 	var once bool
 	rollback = func() {
 		if !once {

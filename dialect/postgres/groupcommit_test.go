@@ -190,11 +190,7 @@ func TestGroupCommitLockedRowDoesNotStall(t *testing.T) {
 	}
 	rl := acquireOK(t, b, "rlocked", "o", time.Minute)
 	rf := acquireOK(t, b, "rfree", "o", time.Minute)
-	tx, err := bundle.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, "SELECT FROM "+b.table+" WHERE key IN ('locked', 'rlocked') FOR SHARE")
-	require.NoError(t, err)
+	tx := holdRows(t, bundle.db.Pool, b.table, "FOR SHARE", "locked", "rlocked")
 
 	holdQueue(b.acquireQ)
 	lockedCh := goAcquire(ctx, b, "locked", "o1")

@@ -80,11 +80,7 @@ func TestReleaseJudgedWhenReleased(t *testing.T) {
 	bundle := newBundle(t, Options{})
 	const ttl = 300 * time.Millisecond
 	l := acquireOK(t, bundle.backend, "k", "o1", ttl)
-	tx, err := bundle.db.Pool.Begin(testCtx(t))
-	require.NoError(t, err)
-	defer tx.Rollback(testCtx(t))
-	_, err = tx.Exec(testCtx(t), "SELECT FROM "+bundle.backend.table+" WHERE key = $1 FOR SHARE", l.Key)
-	require.NoError(t, err)
+	tx := holdRows(t, bundle.db.Pool, bundle.backend.table, "FOR SHARE", l.Key)
 	done := make(chan error, 1)
 	go func() { done <- bundle.backend.Release(testCtx(t), l) }()
 	blockedBy(t, bundle.db.Pool, tx.Conn().PgConn().PID())
