@@ -219,15 +219,16 @@ func (g *Guard) Renew(ctx context.Context) (Lease, error) {
 	return l, nil
 }
 
-// renew sends one renewal, bounded by the local deadline, and applies its
+// renew sends one renewal, bounded as a scheduled attempt is (half of what
+// the lease has left, see attemptDeadline), and applies its
 // result unless the Guard was lost or released meanwhile.
 func (g *Guard) renew(ctx context.Context) (_ Lease, final error) {
 	g.mu.Lock()
 	lease, local := g.leaseLocked(), g.local
 	g.mu.Unlock()
-	rctx, cancel := context.WithDeadline(ctx, local)
-	defer cancel()
 	sent := time.Now()
+	rctx, cancel := context.WithDeadline(ctx, attemptDeadline(sent, local, local))
+	defer cancel()
 	l, err := g.c.b.TryRenew(rctx, lease, g.s.ttl)
 	if g.c.opts.Observer != nil {
 		defer g.observeRenew(sent, time.Now(), local, err, &final)
@@ -319,7 +320,10 @@ func (g *Guard) applyRenewal(b *batch, sent, replied time.Time, l Lease, err err
 		g.attempt++
 		attempt = g.attempt
 		next := now.Add(min(g.c.opts.Backoff(attempt), g.s.interval))
-		if alone {
+		if alone || b.timedOut() {
+			// Alone: an error of this lease alone in a batch. Timed out:
+			// the attempt was abandoned at its bound (a call that hangs),
+			// and has waited already.
 			next = now
 		}
 		sc.reschedule(g, b, next, time.Time{}, alone)

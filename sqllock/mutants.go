@@ -15,4 +15,8 @@ const (
 	// guards renewed by a batch from the time the batch's reply arrived
 	// instead of the time it was sent.
 	mutantBatchDeadlineFromReply
+	// mutantRenewUnbounded lets a renewal attempt run until the latest
+	// local deadline of its leases, as before attempts were bounded: one
+	// call that never returns costs every lease it carries.
+	mutantRenewUnbounded
 )

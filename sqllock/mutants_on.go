@@ -15,6 +15,7 @@ var mutantNames = map[mutant]string{
 	mutantDeadlineFromReply:      "deadline-from-reply",
 	mutantGuardIgnoresLoss:       "guard-ignores-loss",
 	mutantBatchDeadlineFromReply: "batch-deadline-from-reply",
+	mutantRenewUnbounded:         "renew-unbounded",
 }
 
 func mutantOn(m mutant) bool { return mutant(activeMutant.Load()) == m }

@@ -29,9 +29,10 @@ import (
 // Release never cancels a batch that still carries another live lease: it
 // waits for the batch that carries its lease (bounded, see Guard.Release),
 // so a release costs no pooled connection and is the lease's last
-// operation at the backend. A batch's context ends at the latest local
-// deadline among its leases: by then each of them has been ended by its
-// own deadline. Only a batch that no live lease needs any more (every one
+// operation at the backend. A batch's context ends when its attempt has
+// had half of what its earliest lease has left (attemptDeadline), at the
+// latest local deadline among its leases at most: a call that hangs is
+// abandoned then and its leases retried, as after any transient error. Only a batch that no live lease needs any more (every one
 // released or lost while it was still in flight after the wait, as with a
 // backend that does not answer) is cancelled, so that nothing outlives the
 // client's last Guard (G8). When the last Guard goes, the timer stays set
@@ -59,6 +60,12 @@ type batch struct {
 	cancel context.CancelFunc
 	until  time.Time // ctx's deadline
 	live   int       // leases in it not yet released or lost; guarded by the scheduler's mu
+}
+
+// timedOut reports whether the batch's attempt reached its bound
+// (attemptDeadline) before it returned.
+func (b *batch) timedOut() bool {
+	return b != nil && errors.Is(b.ctx.Err(), context.DeadlineExceeded)
 }
 
 // abandon cancels the batch, which no live lease needs any more, unless its
@@ -253,7 +260,7 @@ func (s *scheduler) fire() {
 		}
 		if s.br == nil || g.alone {
 			g.alone = false
-			sends = append(sends, send{b: &batch{done: make(chan struct{})}, gs: []*Guard{g}, single: true, until: g.expAt})
+			sends = append(sends, send{b: &batch{done: make(chan struct{})}, gs: []*Guard{g}, single: true, first: g.expAt, until: g.expAt})
 			cur = nil
 			g.inFlight = sends[len(sends)-1].b
 			continue
@@ -266,6 +273,9 @@ func (s *scheduler) fire() {
 		if g.expAt.After(cur.until) {
 			cur.until = g.expAt
 		}
+		if cur.first.IsZero() || g.expAt.Before(cur.first) {
+			cur.first = g.expAt
+		}
 		g.inFlight = cur.b
 	}
 	for _, g := range later {
@@ -274,7 +284,7 @@ func (s *scheduler) fire() {
 	for i := range sends {
 		b := sends[i].b
 		b.live = len(sends[i].gs)
-		b.until = sends[i].until
+		b.until = attemptDeadline(now, sends[i].first, sends[i].until)
 		b.ctx, b.cancel = context.WithDeadline(context.Background(), b.until)
 	}
 	s.armLocked()
@@ -292,12 +302,36 @@ func (s *scheduler) fire() {
 	}
 }
 
-// send is one batch to send: its Guards, and the end of its context.
+// send is one batch to send: its Guards, and what bounds its context.
 type send struct {
 	b      *batch
 	gs     []*Guard
 	single bool      // a TryRenew of gs[0] alone
+	first  time.Time // the earliest local deadline among gs
 	until  time.Time // the latest local deadline among gs
+}
+
+// minAttempt is the least time a renewal attempt is given, however little
+// its lease has left (never past the lease's local deadline).
+const minAttempt = 10 * time.Millisecond
+
+// attemptDeadline bounds one renewal attempt sent at now: it may take half
+// of the time left until first (the earliest local deadline among the
+// leases it carries), at least minAttempt, and never runs past until (the
+// latest). An attempt that hangs (a half-open connection, a stalled
+// server) is abandoned then as transient, and its leases are renewed again
+// (the same tokens, so a repeat is safe) on another connection: each retry
+// gets half of what is left, so a lease survives several stuck
+// connections in a row and is never lost to one.
+func attemptDeadline(now, first, until time.Time) time.Time {
+	if mutantOn(mutantRenewUnbounded) {
+		return until
+	}
+	d := now.Add(max(first.Sub(now)/2, minAttempt))
+	if d.After(until) {
+		return until
+	}
+	return d
 }
 
 // run sends one batch and applies each Guard's outcome.

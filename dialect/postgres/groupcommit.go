@@ -357,7 +357,7 @@ func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 	got := make([]bool, len(members))
 	var key string
 	var r row
-	err := b.queryRows(ctx, b.releaseBatchSQL, []any{keys, tokens, owners},
+	err := b.queryRowsVia(ctx, sendOpts{aside: true}, b.releaseBatchSQL, []any{keys, tokens, owners},
 		[]any{&key, &r.released, &r.valid, &r.current, &r.held, &r.deadline, &r.owner, &r.now, &r.notified}, func() error {
 			i, ok := at[key]
 			if !ok {

@@ -2,12 +2,15 @@ package postgres
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Watch implements [sqllock.Watcher]: the channel receives a value after a
@@ -162,12 +165,45 @@ func (l *listener) session() (listened bool, err error) {
 	l.pid = conn.PgConn().PID()
 	l.mu.Unlock()
 	for {
-		n, err := conn.WaitForNotification(l.ctx)
+		n, err := l.next(conn)
 		if err != nil {
 			return true, err
 		}
 		if n.Channel == channel {
 			l.signals.Signal(n.Payload)
+		}
+	}
+}
+
+// Listening connections are checked when idle: a connection that went
+// half-open (a NAT or firewall that dropped its state, a failover without
+// a reset) never delivers a notification again, nor an error, and the
+// kernel's keepalive notices it only after hours. A connection that has
+// delivered nothing for listenIdle is pinged; one that does not answer
+// within listenPing is replaced, and the watchers, which may have missed
+// a release meanwhile, are woken.
+const (
+	listenIdle = 10 * time.Second
+	listenPing = 5 * time.Second
+)
+
+// next waits for the next notification on conn, pinging it whenever it
+// has been idle for the listener's idle bound.
+func (l *listener) next(conn *pgx.Conn) (*pgconn.Notification, error) {
+	for {
+		ctx, cancel := context.WithTimeout(l.ctx, l.b.listenIdle)
+		n, err := conn.WaitForNotification(ctx)
+		idle := err != nil && l.ctx.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded)
+		cancel()
+		if !idle {
+			return n, err
+		}
+		// A read that timed out leaves the connection usable.
+		ctx, cancel = context.WithTimeout(l.ctx, l.b.listenPing)
+		err = conn.Ping(ctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("the listening connection did not answer a ping within %v: %w", l.b.listenPing, err)
 		}
 	}
 }

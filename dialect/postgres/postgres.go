@@ -183,6 +183,14 @@ type Backend struct {
 	// while it is 0, TryAcquire knows without a lock that no key is watched.
 	watches atomic.Int64
 
+	// listenIdle and listenPing bound how long a half-open listening
+	// connection goes unnoticed (listener.go); tests shorten them.
+	listenIdle, listenPing time.Duration
+
+	// aside renews and releases leases on a connection of its own while
+	// the pool's connections do not answer (aside.go).
+	aside aside
+
 	mu       sync.Mutex
 	closed   bool
 	listener *listener // started by the first Watch
@@ -234,6 +242,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Backend, error) {
 		table:  quoted,
 		notify: !opts.DisableNotify,
 		log:    logger,
+
+		listenIdle: listenIdle,
+		listenPing: listenPing,
 	}
 	releaseCommit := "set_config('synchronous_commit', 'off', true)"
 	if opts.DurableRelease {
@@ -311,6 +322,7 @@ func (b *Backend) Close() error {
 	if l != nil {
 		l.stop()
 	}
+	b.aside.close()
 	return nil
 }
 
@@ -450,7 +462,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		current       int64
 		deadline, now time.Time
 	)
-	err := b.queryRow(ctx, b.renewSQL, []any{l.Key, l.Token, leaseMicros(ttl)},
+	err := b.queryRowVia(ctx, sendOpts{pooler: true, aside: true}, b.renewSQL, []any{l.Key, l.Token, leaseMicros(ttl)},
 		&renewed, &deadline, &current, &held, &now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return sqllock.Lease{}, lostReason(l, 0, false, deadline, now) // no row
@@ -511,7 +523,7 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 	var key string
 	var token int64
 	var r row
-	err := b.queryRows(ctx, b.renewBatchSQL, []any{keys, tokens, micros},
+	err := b.queryRowsVia(ctx, sendOpts{aside: true}, b.renewBatchSQL, []any{keys, tokens, micros},
 		[]any{&key, &token, &r.renewed, &r.deadline, &r.current, &r.held, &r.now}, func() error {
 			i, ok := at[id{key, token}]
 			if !ok {
@@ -606,7 +618,7 @@ func (b *Backend) release(ctx context.Context, l sqllock.Lease) error {
 		owner                 string
 	)
 	err := b.withStatements(false, func(st *markStatements) error {
-		return b.queryRow(ctx, st.release, []any{l.Key, l.Token, l.Owner},
+		return b.queryRowVia(ctx, sendOpts{pooler: true, aside: true}, st.release, []any{l.Key, l.Token, l.Owner},
 			&released, &valid, &current, &held, &deadline, &owner, &now, &notified)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -42,29 +42,13 @@ const conflictAttempts = 10
 //     READ COMMITTED and COMMIT around it, three statements instead of one
 //     on every call, to spare a resend on the rare conflict.)
 func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...any) error {
-	return b.retryConflicts(ctx, func() error {
-		c, err := b.pool.Acquire(ctx)
-		if err != nil {
-			// Nothing was sent: waiting for a connection (or dialing one)
-			// failed, so the outcome is known, not indeterminate.
-			return notSentError{err}
-		}
-		defer c.Release()
-		if err := b.checkPooler(ctx, c); err != nil {
-			return err
-		}
-		pc := c.Conn().PgConn()
-		clearWarning(pc)
-		err = c.QueryRow(ctx, sql, args...).Scan(dest...)
-		if err == nil {
-			// Committed, but maybe without waiting for the synchronous
-			// standbys (syncwait.go).
-			err = unsettled(ctx, pc)
-		}
-		if unusable(err) {
-			discard(ctx, c.Conn())
-		}
-		return err
+	return b.queryRowVia(ctx, sendOpts{pooler: true}, sql, args, dest...)
+}
+
+// queryRowVia is queryRow run as o says.
+func (b *Backend) queryRowVia(ctx context.Context, o sendOpts, sql string, args []any, dest ...any) error {
+	return b.send(ctx, o, func(c *pgx.Conn) error {
+		return c.QueryRow(ctx, sql, args...).Scan(dest...)
 	})
 }
 
@@ -73,28 +57,68 @@ func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...
 // come again from the start. A statement that succeeded is reported as
 // unsettled as in queryRow (its rows have been handed to each already).
 func (b *Backend) queryRows(ctx context.Context, sql string, args []any, dest []any, each func() error) error {
-	return b.retryConflicts(ctx, func() error {
-		c, err := b.pool.Acquire(ctx)
-		if err != nil {
-			return notSentError{err}
-		}
-		defer c.Release()
-		pc := c.Conn().PgConn()
-		clearWarning(pc)
+	return b.queryRowsVia(ctx, sendOpts{}, sql, args, dest, each)
+}
+
+// queryRowsVia is queryRows run as o says.
+func (b *Backend) queryRowsVia(ctx context.Context, o sendOpts, sql string, args []any, dest []any, each func() error) error {
+	return b.send(ctx, o, func(c *pgx.Conn) error {
 		rows, err := c.Query(ctx, sql, args...)
 		if err == nil {
 			_, err = pgx.ForEachRow(rows, dest, each)
 		}
-		if err == nil {
-			// Committed, but maybe without waiting for the synchronous
-			// standbys (syncwait.go).
-			err = unsettled(ctx, pc)
+		return err
+	})
+}
+
+// sendOpts say how send runs a statement: with the pooler check (pooler),
+// and whether it may go through the aside connection while the pool is
+// suspect (aside: renewals and releases, see aside.go).
+type sendOpts struct{ pooler, aside bool }
+
+// send runs one statement (run) on a connection of the pool, as queryRow
+// describes, or, for a renewal while the pool is suspect, on the aside
+// connection.
+func (b *Backend) send(ctx context.Context, o sendOpts, run func(*pgx.Conn) error) error {
+	return b.retryConflicts(ctx, func() error {
+		if o.aside && b.aside.active() {
+			return b.aside.run(ctx, b, run)
 		}
+		c, err := b.pool.Acquire(ctx)
+		if err != nil {
+			// Nothing was sent: waiting for a connection (or dialing one)
+			// failed, so the outcome is known, not indeterminate.
+			b.aside.noteAbandoned(ctx)
+			return notSentError{err}
+		}
+		defer c.Release()
+		if o.pooler {
+			if err := b.checkPooler(ctx, c); err != nil {
+				return err
+			}
+		}
+		err = runOn(ctx, c.Conn(), run)
 		if unusable(err) {
 			discard(ctx, c.Conn())
 		}
+		if err != nil {
+			b.aside.noteAbandoned(ctx)
+		}
 		return err
 	})
+}
+
+// runOn runs one statement on conn and reports a statement that succeeded
+// as unsettled when its commit may not have waited for the synchronous
+// standbys (syncwait.go).
+func runOn(ctx context.Context, conn *pgx.Conn, run func(*pgx.Conn) error) error {
+	pc := conn.PgConn()
+	clearWarning(pc)
+	err := run(conn)
+	if err == nil {
+		err = unsettled(ctx, pc)
+	}
+	return err
 }
 
 // retryConflicts runs send, one statement on the pool, until it does not

@@ -232,6 +232,11 @@ type Config struct {
 	// own delay in [Spread, 2·Spread), and the remaining time of a held
 	// lease reported to it is that much longer. Both only delay a waiter.
 	Spread time.Duration
+	// MaxHangRun, when set, bounds how many of the client's calls in a
+	// row may hang: the call after that many hung ones is answered (a
+	// pool has that many half-open connections; each caller that gives
+	// up on one discards it, and the next call gets a working one).
+	MaxHangRun int
 }
 
 // Backend is one client's fault-injecting wrapper. It is safe for
@@ -240,8 +245,9 @@ type Backend struct {
 	db  *DB
 	cfg Config
 
-	mu   sync.Mutex // guards prob and seen
-	seen map[string]uint64
+	mu      sync.Mutex // guards prob, seen and hangRun
+	seen    map[string]uint64
+	hangRun int // calls in a row that hung (MaxHangRun)
 
 	dead   atomic.Bool
 	paused atomic.Bool
@@ -317,6 +323,16 @@ func (b *Backend) drawID(id string) draw {
 		if u < acc {
 			dr.kind = k
 			break
+		}
+	}
+	if b.cfg.MaxHangRun > 0 {
+		switch {
+		case dr.kind != Hang:
+			b.hangRun = 0
+		case b.hangRun >= b.cfg.MaxHangRun:
+			dr.kind, b.hangRun = "", 0
+		default:
+			b.hangRun++
 		}
 	}
 	return dr

@@ -68,6 +68,7 @@ type Stats struct {
 	Delivered int64 // bytes delivered
 	Dropped   int64 // bytes dropped
 	Matched   int   // connections whose replies were blackholed by a match
+	HalfOpen  int   // connections made half-open by BlackholeOpen
 }
 
 // Proxy forwards connections from its address to a target address. It is
@@ -101,6 +102,7 @@ type conn struct {
 	client, server net.Conn
 	queue          [2][]chunk
 	blackholeDown  bool // set by a pattern match
+	blackholeBoth  bool // set by BlackholeOpen
 	done           bool
 	tail           []byte // the last bytes sent up, for matches across chunks
 }
@@ -204,6 +206,21 @@ func (p *Proxy) BlackholeRepliesAfter(pattern []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pattern = append([]byte(nil), pattern...)
+}
+
+// BlackholeOpen makes every connection open now half-open for good: what
+// either side sends on it is dropped, and neither side is told (no RST, no
+// FIN), as when a NAT or firewall between them drops its state. Connections
+// accepted afterwards pass as the modes say. It returns how many
+// connections it cut.
+func (p *Proxy) BlackholeOpen() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.blackholeBoth = true
+	}
+	p.stats.HalfOpen += len(p.conns)
+	return len(p.conns)
 }
 
 // Close stops accepting, closes every connection and waits for the
@@ -328,7 +345,7 @@ func (p *Proxy) write(c *conn, d Direction, dst net.Conn) {
 		ch := c.queue[d][0]
 		c.queue[d] = c.queue[d][1:]
 		mode := p.mode[d]
-		if d == Down && c.blackholeDown {
+		if (d == Down && c.blackholeDown) || c.blackholeBoth {
 			mode = Blackhole
 		}
 		wait := time.Duration(0)

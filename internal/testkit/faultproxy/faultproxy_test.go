@@ -264,3 +264,28 @@ func TestBlackholeRepliesAfterMatch(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "COMMIT-ME", got)
 }
+
+// BlackholeOpen cuts the connections open at that instant, both ways and
+// silently, while a connection made afterwards passes.
+func TestBlackholeOpenCutsOnlyOpenConnections(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	old := dial(t, tb.proxy)
+	_, err := roundTrip(old, "a", patience)
+	require.NoError(t, err)
+	require.Equal(t, 1, tb.proxy.BlackholeOpen())
+	_, err = roundTrip(old, "lost", quiet)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a half-open connection gets no reply, and no error either")
+	eventually(t, func() bool { return tb.proxy.Stats().Dropped == 4 }, "the bytes sent on the half-open connection are dropped")
+	fresh := dial(t, tb.proxy)
+	got, err := roundTrip(fresh, "b", patience)
+	require.NoError(t, err)
+	require.Equal(t, "b", got, "a connection made after the cut passes")
+	require.Equal(t, "ab", tb.echo.received(), "the server never saw what was sent on the half-open connection")
+	tb.proxy.Pass()
+	_, err = roundTrip(old, "c", quiet)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a half-open connection stays cut")
+	st := tb.proxy.Stats()
+	require.Equal(t, 1, st.HalfOpen)
+	require.Equal(t, 2, st.Open)
+}

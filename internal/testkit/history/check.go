@@ -286,6 +286,12 @@ func CheckGuard(h *History, r *Report) {
 		if bound := last + int64(g.TTL-g.Margin) + eps; g.End > bound {
 			r.add(CGuard, g.Key, g.End, "guard %d (token %d) cancelled at %v, after send time of its last success %v + TTL %v - margin %v = %v",
 				g.ID, g.Token, time.Duration(g.End), time.Duration(last), g.TTL, g.Margin, time.Duration(bound))
+		} else if g.LocalDeadline > bound {
+			// However the guard ended, the deadline it believed in
+			// must not have been later either: a guard released before
+			// its deadline still acted on that belief.
+			r.add(CGuard, g.Key, g.End, "guard %d (token %d) reported local deadline %v, after send time of its last success %v + TTL %v - margin %v = %v",
+				g.ID, g.Token, time.Duration(g.LocalDeadline), time.Duration(last), g.TTL, g.Margin, time.Duration(bound))
 		}
 		rel, released := releases[l]
 		for _, op := range losts[l] {

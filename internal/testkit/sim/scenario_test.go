@@ -2,12 +2,14 @@ package sim_test
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ashlock/ashlock/internal/testkit/faultbackend"
 	"github.com/ashlock/ashlock/internal/testkit/history"
 	"github.com/ashlock/ashlock/internal/testkit/sim"
 )
@@ -197,5 +199,74 @@ func TestSimMany(t *testing.T) {
 		require.Positive(t, total.racingReleases, "no release raced a batch in flight")
 		require.Positive(t, total.lostReplies, "no multi-lease batch lost its reply")
 		require.Positive(t, total.hung, "no multi-lease batch hung")
+	}
+}
+
+// lostGuards counts the guards of h that ended lost, by cause.
+func lostGuards(h *history.History) (n int, first string) {
+	for _, g := range h.Guards {
+		if strings.HasPrefix(g.Cause, "lost") {
+			if n == 0 {
+				first = fmt.Sprintf("guard of client %d on %q, token %d: %s", g.Client, g.Key, g.Token, g.Cause)
+			}
+			n++
+		}
+	}
+	return n, first
+}
+
+// runStuck runs n seeds of SIM-7 and returns the figures, the lost guards
+// in all, and the first seed that lost one (with why).
+func runStuck(t *testing.T, n int) (f *figures, hung, lost int, firstLost string) {
+	f = newFigures()
+	var mu sync.Mutex
+	firstSeed := uint64(1<<64 - 1)
+	t.Run("seeds", func(t *testing.T) {
+		for s := range shards {
+			t.Run(fmt.Sprintf("shard=%d", s), func(t *testing.T) {
+				t.Parallel()
+				for _, seed := range seedList(t, n) {
+					if seed%shards != uint64(s) && n > 1 {
+						continue
+					}
+					res, rep, model, info, wall := runSeed(t, sim.Config{Seed: seed, Scenario: sim.Stuck})
+					f.add(res, rep, wall)
+					if rep.Anomalies() > 0 {
+						failSeed(t, "TestSimStuckCalls", res, rep, model, info)
+					}
+					l, why := lostGuards(res.History)
+					mu.Lock()
+					hung += int(res.Counts[faultbackend.Hang])
+					lost += l
+					if l > 0 && seed < firstSeed {
+						firstSeed, firstLost = seed, fmt.Sprintf("SIM_SEED=%d: %s", seed, why)
+					}
+					mu.Unlock()
+				}
+			})
+		}
+	})
+	return f, hung, lost, firstLost
+}
+
+// TestSimStuckCalls is SIM-7: calls that never return (a half-open
+// connection) while later calls are answered. Each renewal attempt is
+// bounded well inside the lease and retried, so no lease is ever lost,
+// and nothing else breaks (anomalies 0). Its sensitivity (renewals
+// bounded only by the local deadline lose leases here) is shown in
+// TestSimStuckCallsSensitivity.
+func TestSimStuckCalls(t *testing.T) {
+	n := seedCount()
+	if _, ok := seedFromEnv(t); ok {
+		n = 1
+	}
+	f, hung, lost, first := runStuck(t, n)
+	f.extra = append(f.extra, fmt.Sprintf("hung_calls=%d lost_guards=%d", hung, lost))
+	t.Log(f.line("TestSimStuckCalls"))
+	f.requireConfiguredFired(t)
+	require.Zero(t, f.rep.StaleApplied)
+	require.Zero(t, lost, "a lease was lost although the backend answered every call but the hung ones; first: %s", first)
+	if n > 1 {
+		require.Positive(t, hung, "no call hung: the scenario tested nothing")
 	}
 }

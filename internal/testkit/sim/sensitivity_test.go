@@ -90,3 +90,20 @@ func firstWord(s string) string {
 	}
 	return s
 }
+
+// TestSimStuckCallsSensitivity shows that SIM-7 can fail: with renewal
+// attempts bounded only by the latest local deadline of their leases (the
+// client's renew-unbounded mutant, as before attempts were bounded), a
+// hung renewal costs its leases, and the scenario finds lost guards.
+func TestSimStuckCallsSensitivity(t *testing.T) {
+	restore, ok := sqllock.SetMutant("renew-unbounded")
+	if !ok {
+		t.Fatal("sqllock has no client mutant renew-unbounded")
+	}
+	defer restore()
+	_, _, lost, first := runStuck(t, min(seedCount(), 100))
+	if lost == 0 {
+		t.Fatal("renewals bounded only by the local deadline lost no lease in SIM-7: the scenario cannot fail")
+	}
+	t.Logf("renew-unbounded: %d guards lost; first %s", lost, first)
+}

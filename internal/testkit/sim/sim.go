@@ -64,6 +64,13 @@ const (
 	// (each active with probability 1/2). No crash or pause: a process's
 	// sessions share its client.
 	Many
+	// Stuck is SIM-7: Many's clients, sessions and batches, with one fault
+	// only: a call that never returns until its caller gives up (a
+	// half-open connection; at most three in a row: three such
+	// connections in a pool), while the calls after them are answered. A
+	// renewal that hangs must be abandoned and retried in time: no lease
+	// may be lost.
+	Stuck
 )
 
 // Poll bounds a waiter's sleep between attempts: the Backoff below is at
@@ -153,6 +160,8 @@ type world struct {
 	maxDelay time.Duration
 	minTTL   time.Duration
 	maxOff   time.Duration // |database clock offset| stays below this
+	// maxHangRun bounds the calls of a client in a row that hang (Stuck).
+	maxHangRun int
 
 	wg sync.WaitGroup // client goroutines and guard watchers
 
@@ -187,6 +196,9 @@ func Run(cfg Config) *Result {
 		for _, k := range append(AllKinds, faultbackend.Busy) {
 			w.active[k] = k != Crash && k != Pause && w.rng.IntN(2) == 0
 		}
+	case Stuck:
+		nClients, nKeys, slots = 2+w.rng.IntN(2), 4+w.rng.IntN(5), 2+w.rng.IntN(3)
+		w.active[faultbackend.Hang] = true
 	case Paused:
 		w.active[Pause] = true
 	case ClockStep:
@@ -200,6 +212,12 @@ func Run(cfg Config) *Result {
 	}
 	if w.active[faultbackend.Hang] {
 		w.prob[faultbackend.Hang] = 0.03
+		if cfg.Scenario == Stuck {
+			// One call in four hangs, up to three in a row: a pool with
+			// three half-open connections, each discarded by the caller
+			// that gave up on it.
+			w.prob[faultbackend.Hang], w.maxHangRun = 0.25, 3
+		}
 	}
 	if w.active[faultbackend.Busy] {
 		w.prob[faultbackend.Busy] = 0.1
@@ -220,7 +238,7 @@ func Run(cfg Config) *Result {
 	w.minTTL = time.Hour
 	for range nClients {
 		ttl := 2*time.Second + time.Duration(w.rng.Int64N(int64(8*time.Second)))
-		if cfg.Scenario != Random && cfg.Scenario != Many {
+		if cfg.Scenario != Random && cfg.Scenario != Many && cfg.Scenario != Stuck {
 			ttl = 3*time.Second + time.Duration(w.rng.Int64N(int64(time.Second)))
 		}
 		interval := ttl/3 + time.Duration(w.rng.Int64N(int64(50*time.Millisecond)))
@@ -254,7 +272,7 @@ func Run(cfg Config) *Result {
 	}
 
 	switch cfg.Scenario {
-	case Random, Many:
+	case Random, Many, Stuck:
 		w.drive()
 	case Paused, ClockStep:
 		w.scripted()
@@ -299,6 +317,7 @@ func (w *world) incarnate(cl *client) {
 	cl.inc++
 	cl.fb = w.db.Client(faultbackend.Config{
 		Client: cl.id, Seed: w.cfg.Seed, Prob: w.prob, MaxDelay: w.maxDelay, Spread: spread,
+		MaxHangRun: w.maxHangRun,
 	})
 	c, err := sqllock.New(cl.fb, sqllock.Options{
 		Owner:          fmt.Sprintf("c%d.%d", cl.idx, cl.inc),
