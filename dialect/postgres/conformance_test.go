@@ -1,6 +1,9 @@
 package postgres
 
 import (
+	"context"
+	"path"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -20,10 +23,12 @@ func TestConformance(t *testing.T) {
 
 // TestConformancePgBouncerSettings runs the suite as behind PgBouncer in
 // transaction mode: no LISTEN/NOTIFY, and pgx without named prepared
-// statements (QueryExecModeExec, or the simple protocol).
+// statements (each exec mode the README documents for it). Only the Watch
+// rule skips: batch renewal is offered, as a Client behind PgBouncer
+// renews through it.
 func TestConformancePgBouncerSettings(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+	for _, mode := range transactionModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			backendtest.Run(t, harness(func(t *testing.T) sqllock.Backend {
@@ -33,23 +38,47 @@ func TestConformancePgBouncerSettings(t *testing.T) {
 				require.NoError(t, err)
 				t.Cleanup(func() { b.Close() })
 				// With DisableNotify, Watch never fires (clients poll), so
-				// the suite sees the Backend methods only.
+				// the suite does not see the Watcher.
 				return pollOnly{b, b}
-			}))
+			}, watchRule))
 		})
 	}
 }
 
-// pollOnly hides the Watcher of a Backend: embedding the interface
-// promotes its four methods only.
+// transactionModes are the exec modes the README documents for PgBouncer
+// in transaction mode: none prepares a named statement.
+var transactionModes = []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeSimpleProtocol}
+
+// watchRule is the suite's rule of the Watcher, the only one a Backend
+// with DisableNotify may skip.
+const watchRule = "WatchSignalsRelease"
+
+// pollOnly is a Backend as a Client sees it with DisableNotify: without
+// the Watcher (embedding the interface promotes its four methods only),
+// with batch renewal.
 type pollOnly struct {
 	sqllock.Backend
 	pg *Backend
 }
 
-func harness(newBackend func(t *testing.T) sqllock.Backend) backendtest.Harness {
+func (p pollOnly) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+	return p.pg.TryRenewBatch(ctx, reqs)
+}
+
+// harness is the suite's Harness for the backends newBackend builds. A
+// rule that skips fails, unless it is named in mayskip: a backend (or a
+// wrapper) that stops offering an interface must not pass by skipping the
+// rules of it.
+func harness(newBackend func(t *testing.T) sqllock.Backend, mayskip ...string) backendtest.Harness {
 	return backendtest.Harness{
-		New: newBackend,
+		New: func(t *testing.T) sqllock.Backend {
+			t.Cleanup(func() {
+				if t.Skipped() && !slices.Contains(mayskip, path.Base(t.Name())) {
+					t.Errorf("the rule skipped; here only %q may", mayskip)
+				}
+			})
+			return newBackend(t)
+		},
 		Expire: func(t *testing.T, b sqllock.Backend, key string) {
 			expire(t, unwrap(b), key)
 		},

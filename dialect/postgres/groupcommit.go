@@ -120,6 +120,7 @@ type gcQueue[Req, Res any] struct {
 	send func(ctx context.Context, members []*gcMember[Req, Res])
 
 	batches atomic.Int64 // batch statements sent (tests)
+	alone   atomic.Int64 // members that a batch left to be sent alone (tests)
 
 	mu       sync.Mutex
 	inFlight int                   // statements of this kind in flight
@@ -182,6 +183,7 @@ func (q *gcQueue[Req, Res]) do(ctx context.Context, key string, req Req, single 
 		q.finished()
 		return res, err
 	case errAlone:
+		q.alone.Add(1)
 		return single(ctx)
 	}
 	return m.res, m.err

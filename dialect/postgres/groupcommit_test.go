@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/internal/testkit/faultproxy"
+	"github.com/ashlock/ashlock/internal/testkit/pgtest"
 	"github.com/ashlock/ashlock/sqllock"
 	"github.com/ashlock/ashlock/sqllock/backendtest"
 )
@@ -320,6 +322,7 @@ func TestGroupCommitSameKeyTwice(t *testing.T) {
 	require.ErrorAs(t, r2.err, &he)
 	require.Equal(t, "o1", he.Owner, "the second call saw the first's grant")
 	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "one batch, then the second call alone")
+	require.Zero(t, b.acquireQ.alone.Load(), "the batch answered both of its members")
 	unholdQueue(t, b.acquireQ)
 }
 
@@ -526,6 +529,7 @@ func TestGroupCommitReleaseOutcomes(t *testing.T) {
 	require.Equal(t, sqllock.LostTaken, lost.Reason)
 	require.NoError(t, recv(t, chs[3]))
 	require.EqualValues(t, 1, b.releaseQ.batches.Load())
+	require.Zero(t, b.releaseQ.alone.Load(), "the batch answered every member")
 	unholdQueue(t, b.releaseQ)
 	infos, err := b.List(ctx, "")
 	require.NoError(t, err)
@@ -591,5 +595,122 @@ END $$`)
 	require.NoError(t, err)
 	for _, in := range infos {
 		require.Equal(t, in.Key == "a", in.Held, "%s", in.Key)
+	}
+}
+
+// Group commit through PgBouncer, in transaction mode with each exec mode
+// the README documents and in session mode: concurrent acquires, and
+// releases, go as one batch statement each (unnest of array parameters,
+// which each exec mode encodes its own way), the batch itself answers
+// every member (none is left to be sent alone, which would hide a batch
+// statement that fails through the pooler), and each member gets the
+// single statement's outcome. In session mode a batched release of a
+// marked lease notifies its waiter.
+func TestGroupCommitPgBouncer(t *testing.T) {
+	t.Parallel()
+	t.Run("Transaction", func(t *testing.T) {
+		t.Parallel()
+		bouncer := pgtest.NewPgBouncer(t, pgtest.PoolTransaction, nil)
+		for _, mode := range transactionModes {
+			t.Run(mode.String(), func(t *testing.T) {
+				t.Parallel()
+				groupCommitBatches(t, bouncerBackend(t, bouncer, mode, Options{DisableNotify: true}))
+			})
+		}
+	})
+	t.Run("Session", func(t *testing.T) {
+		t.Parallel()
+		bouncer := pgtest.NewPgBouncer(t, pgtest.PoolSession, nil)
+		groupCommitBatches(t, bouncerBackend(t, bouncer, pgx.QueryExecModeCacheStatement, Options{}))
+	})
+}
+
+// groupCommitBatches sends one batch of acquires and one of releases
+// through b, each member with a different outcome, and checks them.
+func groupCommitBatches(t *testing.T, b *Backend) {
+	ctx := testCtx(t)
+	require.NoError(t, b.Release(ctx, acquireOK(t, b, "free", "setup", time.Minute)))
+	acquireOK(t, b, "held", "other", time.Minute)
+	stale := acquireOK(t, b, "expired", "other", time.Minute)
+	expire(t, b, "expired")
+
+	holdQueue(b.acquireQ)
+	reqs := []sqllock.AcquireRequest{
+		{Key: "free", Owner: "o"},
+		{Key: "held", Owner: "o"},
+		{Key: "new", Owner: "o", Value: []byte("v\x00\\'\"{,}")}, // bytes that text arrays quote
+		{Key: "expired", Owner: "o"},
+	}
+	var chs []chan acquireResult
+	for i, req := range reqs {
+		req.TTL = time.Minute
+		ch := make(chan acquireResult, 1)
+		go func() {
+			l, err := b.TryAcquire(ctx, req)
+			ch <- acquireResult{l, err}
+		}()
+		chs = append(chs, ch)
+		waitQueued(t, b.acquireQ, i+1)
+	}
+	flushQueue(b.acquireQ)
+	free, held, fresh, expired := recv(t, chs[0]), recv(t, chs[1]), recv(t, chs[2]), recv(t, chs[3])
+	unholdQueue(t, b.acquireQ)
+	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "the acquires went as one batch")
+	require.Zero(t, b.acquireQ.alone.Load(), "the batch left members to be sent alone")
+	require.NoError(t, free.err)
+	require.EqualValues(t, 2, free.l.Token)
+	var he *sqllock.HeldError
+	require.ErrorAs(t, held.err, &he)
+	require.Equal(t, "other", he.Owner)
+	require.NoError(t, fresh.err)
+	require.EqualValues(t, 1, fresh.l.Token)
+	require.NoError(t, expired.err)
+	require.Equal(t, stale.Token+1, expired.l.Token)
+	infos, err := b.List(ctx, "new")
+	require.NoError(t, err)
+	require.Len(t, infos, 1)
+	require.Equal(t, reqs[2].Value, infos[0].Value, "the value, through the batch's bytea array")
+
+	// Watched only now: an acquire that waits is never coalesced.
+	var watched <-chan struct{}
+	if b.notify {
+		ch, stop := b.Watch("held")
+		defer stop()
+		<-ch                  // the listener is listening
+		waiting(t, b, "held") // marks the lease, whose release below notifies
+		watched = ch
+	}
+	holdQueue(b.releaseQ)
+	var rels []chan error
+	for i, l := range []sqllock.Lease{free.l, fresh.l, stale} {
+		rels = append(rels, goRelease(ctx, b, l))
+		waitQueued(t, b.releaseQ, i+1)
+	}
+	heldLease, err := b.List(ctx, "held")
+	require.NoError(t, err)
+	rels = append(rels, goRelease(ctx, b, sqllock.Lease{Key: "held", Token: heldLease[0].Token, Owner: "other"}))
+	waitQueued(t, b.releaseQ, 4)
+	flushQueue(b.releaseQ)
+	require.NoError(t, recv(t, rels[0]))
+	require.NoError(t, recv(t, rels[1]))
+	var lost *sqllock.LostError
+	require.ErrorAs(t, recv(t, rels[2]), &lost)
+	require.Equal(t, sqllock.LostTaken, lost.Reason)
+	require.NoError(t, recv(t, rels[3]))
+	unholdQueue(t, b.releaseQ)
+	require.EqualValues(t, 1, b.releaseQ.batches.Load(), "the releases went as one batch")
+	require.Zero(t, b.releaseQ.alone.Load(), "the batch left members to be sent alone")
+	infos, err = b.List(ctx, "")
+	require.NoError(t, err)
+	require.Len(t, infos, 4)
+	for _, i := range infos {
+		require.Equal(t, i.Key == "expired", i.Held, "%s", i.Key)
+	}
+	if watched != nil {
+		select {
+		case <-watched:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a batched release of a marked lease did not notify through PgBouncer in session mode")
+		}
 	}
 }

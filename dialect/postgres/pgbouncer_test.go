@@ -75,19 +75,21 @@ func bouncerBackend(t *testing.T, bouncer *pgtest.Bouncer, mode pgx.QueryExecMod
 // TestConformancePgBouncer runs the conformance suite through PgBouncer:
 // in transaction mode with the settings the README documents (an exec
 // mode without named prepared statements, DisableNotify), and in session
-// mode with pgx's defaults, notifications included.
+// mode with pgx's defaults, notifications included. The batch rules run
+// through it in every mode (a Client behind it renews in batches); only
+// the Watch rule skips, in transaction mode.
 func TestConformancePgBouncer(t *testing.T) {
 	t.Parallel()
 	t.Run("Transaction", func(t *testing.T) {
 		t.Parallel()
 		bouncer := pgtest.NewPgBouncer(t, pgtest.PoolTransaction, nil)
-		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeSimpleProtocol} {
+		for _, mode := range transactionModes {
 			t.Run(mode.String(), func(t *testing.T) {
 				t.Parallel()
 				backendtest.Run(t, harness(func(t *testing.T) sqllock.Backend {
 					b := bouncerBackend(t, bouncer, mode, Options{DisableNotify: true})
 					return pollOnly{b, b}
-				}))
+				}, watchRule))
 			})
 		}
 	})
