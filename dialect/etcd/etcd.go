@@ -63,12 +63,15 @@ const maxSpares = 256
 
 // seenRecord is what this Backend last saw of a key: the token record's
 // revision and token (so that a grant's transaction can compare and
-// increment without reading first), and whether the key was held then (so
-// that a waiter's next attempt reads before it grants a lease).
+// increment without reading first), whether the key was held then (so
+// that a waiter's next attempt reads before it grants a lease), and the
+// etcd lease its holder is on (so that a renewal sends its keep-alive
+// first; the check after it decides).
 type seenRecord struct {
 	rev   int64 // the token record's mod revision; 0: no record
 	token int64
 	held  bool
+	lease clientv3.LeaseID // the etcd lease of the holder with token; 0: not known
 }
 
 // maxSeen bounds the hint cache: past it an arbitrary entry is dropped,
@@ -149,7 +152,11 @@ func (s keyState) sqllock() sqllock.KeyState {
 }
 
 func (s keyState) seen() seenRecord {
-	return seenRecord{rev: s.recRev, token: s.rec.Token, held: s.held()}
+	r := seenRecord{rev: s.recRev, token: s.rec.Token, held: s.held()}
+	if r.held {
+		r.lease = clientv3.LeaseID(s.holder.Lease)
+	}
+	return r
 }
 
 // readOps are the operations that read a key's state, in the order
@@ -208,6 +215,27 @@ func (b *Backend) remember(key string, s seenRecord) {
 		}
 	}
 	b.seen[key] = s
+}
+
+// rememberLease records that the holder of key with token is on etcd lease
+// id (0: not known), if the record seen is of that token.
+func (b *Backend) rememberLease(key string, token int64, id clientv3.LeaseID) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r, ok := b.seen[key]; ok && r.token == token {
+		r.lease = id
+		b.seen[key] = r
+	}
+}
+
+// leaseHint is the etcd lease that l's holder was last seen on; 0 when not
+// known.
+func (b *Backend) leaseHint(l sqllock.Lease) clientv3.LeaseID {
+	r := b.recall(l.Key)
+	if r.token != l.Token {
+		return 0
+	}
+	return r.lease
 }
 
 func (b *Backend) recall(key string) seenRecord {
@@ -287,7 +315,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			return sqllock.Lease{}, translate(ctx, opAcquire, req.Key, err)
 		}
 		if resp.Succeeded {
-			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token})
+			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token, lease: grant.id})
 			lease.Token, lease.Value = token, cloneValue(req.Value)
 			return lease, nil
 		}
@@ -358,6 +386,7 @@ func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, 
 		}
 		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the earlier grant of this acquire ended while it was repeated; try again", lease.Key, sqllock.ErrUnavailable)
 	}
+	b.rememberLease(lease.Key, s.rec.Token, sp.id)
 	lease.Token, lease.Value = s.rec.Token, cloneValue(s.rec.Value)
 	return lease, nil
 }
@@ -453,10 +482,19 @@ func (b *Backend) revoke(ctx context.Context, id clientv3.LeaseID) {
 	_, _ = b.cli.Revoke(rctx, id)
 }
 
-// TryRenew implements [sqllock.Backend]: a read-only transaction checks
-// that l holds its key, then a keep-alive restarts the etcd lease's TTL. A
-// TTL longer than the etcd lease was granted with gets a new etcd lease
-// instead, moved under the holder in a transaction that compares the token.
+// TryRenew implements [sqllock.Backend]: a keep-alive restarts the TTL of
+// the etcd lease that the holder key was last seen on, and then a
+// linearizable read-only transaction checks that the holder key still
+// carries l's token on that etcd lease; only both together are a renewal,
+// dated from the keep-alive's send time. The check comes after the
+// keep-alive, not before, because some etcd servers answer a keep-alive
+// racing the revocation of an expired lease with a positive TTL after the
+// lease's keys were deleted (etcd-io/etcd#20547; see the package doc): a
+// check before it would not see the key go. When this Backend has not
+// seen the holder's etcd lease (l was granted elsewhere), a read finds it
+// first. A TTL longer than the etcd lease was granted with gets a new etcd
+// lease instead, moved under the holder in a transaction that compares the
+// token and the old etcd lease.
 func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
 	if err := sqllock.ValidateLease(l); err != nil {
 		return sqllock.Lease{}, err
@@ -467,59 +505,103 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	if err := ctx.Err(); err != nil {
 		return sqllock.Lease{}, notSent(opRenew, l.Key, err)
 	}
-	token := tokenString(l.Token)
-	resp, err := b.cli.Txn(ctx).If(b.holds(l)).Then(
-		clientv3.OpGet(b.holderKey(l.Key)),
+	want := ttlSeconds(ttl)
+	id := b.leaseHint(l)
+	for range maxAttempts {
+		if id == 0 {
+			// Which etcd lease the holder is on: this read is not the
+			// check, which follows the keep-alive.
+			s, err := b.read(ctx, opRenew, l.Key)
+			if err != nil {
+				return sqllock.Lease{}, err
+			}
+			if lost := s.sqllock().Loss(l); lost != nil {
+				return sqllock.Lease{}, lost
+			}
+			id = clientv3.LeaseID(s.holder.Lease)
+		}
+		sent := time.Now()
+		ka, err := b.cli.KeepAliveOnce(ctx, id)
+		alive := err == nil
+		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
+		}
+		if alive && ka.TTL < want {
+			return b.renewLonger(ctx, l, id, want)
+		}
+		s, ok, err := b.check(ctx, l, id)
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		switch {
+		case ok && alive:
+			l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(ka.TTL)*time.Second)
+			return l, nil
+		case ok:
+			// etcd no longer knows the lease, and its keys go with it.
+			return sqllock.Lease{}, &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
+		}
+		if lost := s.sqllock().Loss(l); lost != nil {
+			return sqllock.Lease{}, lost
+		}
+		// l holds its key, on another etcd lease than the one kept alive
+		// (moved there by a repeated acquire or a longer renewal): keep
+		// that one alive, and check again.
+		id = clientv3.LeaseID(s.holder.Lease)
+		b.rememberLease(l.Key, l.Token, id)
+	}
+	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: the holder moved between etcd leases under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+// check reads, in one linearizable read-only transaction, whether l's
+// holder key carries its token on etcd lease id; if not, the key's state.
+func (b *Backend) check(ctx context.Context, l sqllock.Lease, id clientv3.LeaseID) (keyState, bool, error) {
+	resp, err := b.cli.Txn(ctx).If(
+		b.holds(l),
+		clientv3.Compare(clientv3.LeaseValue(b.holderKey(l.Key)), "=", id),
 	).Else(b.readOps(l.Key)...).Commit()
 	if err != nil {
-		return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
+		return keyState{}, false, translate(ctx, opRenew, l.Key, err)
 	}
-	if !resp.Succeeded {
-		return sqllock.Lease{}, b.loss(l, resp.Responses)
+	if resp.Succeeded {
+		return keyState{}, true, nil
 	}
-	kvs := resp.Responses[0].GetResponseRange().GetKvs()
-	if len(kvs) != 1 {
-		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: holder read returned %d keys", l.Key, sqllock.ErrUnavailable, len(kvs))
-	}
-	id := clientv3.LeaseID(kvs[0].Lease)
-	want := ttlSeconds(ttl)
-	sent := time.Now()
-	ka, err := b.cli.KeepAliveOnce(ctx, id)
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		// The etcd lease expired after the check: so did l.
-		return sqllock.Lease{}, b.lossAfter(ctx, l, sqllock.LostExpired)
-	}
+	s, err := parseState(l.Key, resp.Responses)
 	if err != nil {
-		return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
+		return keyState{}, false, err
 	}
-	if ka.TTL >= want {
-		l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(ka.TTL)*time.Second)
-		return l, nil
-	}
-	// A longer TTL than the etcd lease has: a new etcd lease.
-	sent = time.Now()
+	b.remember(l.Key, s.seen())
+	return s, false, nil
+}
+
+// renewLonger renews l, whose holder was on etcd lease id, with a TTL of
+// want seconds, longer than id was granted with: a new etcd lease, moved
+// under the holder in a transaction that compares l's token and id.
+func (b *Backend) renewLonger(ctx context.Context, l sqllock.Lease, id clientv3.LeaseID, want int64) (sqllock.Lease, error) {
+	sent := time.Now()
 	grant, err := b.cli.Grant(ctx, want)
 	if err != nil {
 		return sqllock.Lease{}, translate(ctx, opGrant, l.Key, err)
 	}
-	mresp, err := b.cli.Txn(ctx).If(
+	resp, err := b.cli.Txn(ctx).If(
 		b.holds(l),
 		clientv3.Compare(clientv3.LeaseValue(b.holderKey(l.Key)), "=", id),
 	).Then(
-		clientv3.OpPut(b.holderKey(l.Key), token, clientv3.WithLease(grant.ID)),
+		clientv3.OpPut(b.holderKey(l.Key), tokenString(l.Token), clientv3.WithLease(grant.ID)),
 	).Else(b.readOps(l.Key)...).Commit()
 	if err != nil {
 		// A renew keeps the token: repeating it is safe, so its unknown
 		// outcome is merely unavailable.
 		return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
 	}
-	if !mresp.Succeeded {
+	if !resp.Succeeded {
 		b.revoke(ctx, grant.ID)
-		if lost := b.loss(l, mresp.Responses); lost != nil {
+		if lost := b.loss(l, resp.Responses); lost != nil {
 			return sqllock.Lease{}, lost
 		}
 		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: the lease changed during the renewal; try again", l.Key, sqllock.ErrUnavailable)
 	}
+	b.rememberLease(l.Key, l.Token, grant.ID)
 	b.revoke(ctx, id) // the old etcd lease has no key left
 	l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(grant.TTL)*time.Second)
 	return l, nil
@@ -538,17 +620,6 @@ func (b *Backend) loss(l sqllock.Lease, rs []*etcdserverpb.ResponseOp) error {
 	// The compare failed, yet the state shows l held: only possible when
 	// the holder's value is not the record's token, which no grant writes.
 	return fmt.Errorf("sqllock/etcd: %q: holder %q does not match token record %d", l.Key, s.holder.Value, s.rec.Token)
-}
-
-// lossAfter reads why l was lost, after etcd said that its lease is gone;
-// if the read fails it reports fallback.
-func (b *Backend) lossAfter(ctx context.Context, l sqllock.Lease, fallback sqllock.LostReason) error {
-	if s, err := b.read(ctx, opRenew, l.Key); err == nil {
-		if lost := s.sqllock().Loss(l); lost != nil {
-			return lost
-		}
-	}
-	return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: fallback}
 }
 
 // Release implements [sqllock.Backend]: one transaction that deletes the
@@ -574,6 +645,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		return translate(ctx, opRelease, l.Key, err)
 	}
 	if resp.Succeeded {
+		b.rememberLease(l.Key, l.Token, 0)
 		// The etcd lease is left without a key: kept for reuse (its TTL
 		// period began no earlier than l's BackendTime), else it expires
 		// by itself; a revoke would cost a raft write for nothing.
