@@ -88,6 +88,14 @@
 // raft writes; the renew check is a linearizable read and the keep-alive
 // is served by the leader alone.
 //
+// Every keep-alive of a Backend (a renewal's, and an acquire's that reuses
+// a released etcd lease) is one request on one lease keep-alive stream that
+// the Backend opens on first use and again after it breaks, for as long as
+// the etcd client lives; replies are matched to requests by lease ID, and
+// each request's send time, taken before it is sent, dates the period it
+// starts. Not the etcd client's Lease.KeepAlive, which renews on its own
+// clock and dates a lease from the reply.
+//
 // # Fencing
 //
 // [Backend.Fenced] applies the caller's etcd operations in one transaction

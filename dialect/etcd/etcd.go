@@ -45,6 +45,7 @@ type Backend struct {
 	spares  map[int64][]spare     // keyless etcd leases for reuse, by granted TTL (seconds)
 	granted map[int64]int64       // requested TTL → the TTL etcd granted for it (seconds)
 	watch   watches
+	ka      keepAlives
 }
 
 // spare is an etcd lease with no key attached: one that this Backend
@@ -96,6 +97,7 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 	b := &Backend{cli: cli, prefix: prefix, seen: make(map[string]seenRecord),
 		spares: make(map[int64][]spare), granted: make(map[int64]int64)}
 	b.watch.b = b
+	b.ka.cli = cli
 	return b, nil
 }
 
@@ -400,14 +402,14 @@ func (b *Backend) etcdLease(ctx context.Context, key string, sec int64, sent tim
 		if !ok {
 			break
 		}
-		ka, err := b.cli.KeepAliveOnce(ctx, sp.id)
+		granted, err := b.ka.once(ctx, sp.id)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			continue // expired while unused
 		}
 		if err != nil {
 			return spare{}, translate(ctx, opGrant, key, err)
 		}
-		if ka.TTL != sp.ttl {
+		if granted != sp.ttl {
 			continue // not the lease it was taken for; it expires by itself
 		}
 		sp.at = sent
@@ -521,12 +523,12 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 			id = clientv3.LeaseID(s.holder.Lease)
 		}
 		sent := time.Now()
-		ka, err := b.cli.KeepAliveOnce(ctx, id)
+		granted, err := b.ka.once(ctx, id)
 		alive := err == nil
 		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
 		}
-		if alive && ka.TTL < want {
+		if alive && granted < want {
 			return b.renewLonger(ctx, l, id, want)
 		}
 		s, ok, err := b.check(ctx, l, id)
@@ -535,7 +537,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		}
 		switch {
 		case ok && alive:
-			l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(ka.TTL)*time.Second)
+			l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(granted)*time.Second)
 			return l, nil
 		case ok:
 			// etcd no longer knows the lease, and its keys go with it.

@@ -13,12 +13,16 @@ import (
 	"google.golang.org/grpc"
 )
 
-// Calls counts the gRPC calls a client makes, by method: each unary call
-// and each stream (a keep-alive of one lease opens one) is one round trip.
+// Calls counts the gRPC calls a client makes, by method: each unary call,
+// each stream other than a lease keep-alive stream (a watch) and each
+// keep-alive request sent on one is one round trip.
 // Give [Calls.DialOptions] to [NewClient]. It is safe for concurrent use.
 type Calls struct {
-	mu sync.Mutex // guards n, fail, keepAlive, ttls
+	mu sync.Mutex // guards n, streams, fail, keepAlive, ttls
 	n  map[string]int
+	// streams counts the lease keep-alive streams opened (each of their
+	// requests counts in n).
+	streams int
 	// fail, if set, runs after each unary call with its method and error
 	// and returns the error the caller sees instead: a fault injected
 	// after the server applied the request.
@@ -46,9 +50,15 @@ func (c *Calls) DialOptions() []grpc.DialOption {
 			return err
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			c.count(method)
+			if path.Base(method) != "LeaseKeepAlive" {
+				c.count(method)
+				return streamer(ctx, desc, cc, method, opts...)
+			}
+			c.mu.Lock()
+			c.streams++
+			c.mu.Unlock()
 			cs, err := streamer(ctx, desc, cc, method, opts...)
-			if err != nil || path.Base(method) != "LeaseKeepAlive" {
+			if err != nil {
 				return cs, err
 			}
 			return &keepAliveStream{ClientStream: cs, c: c}, nil
@@ -72,6 +82,13 @@ func (c *Calls) SetFail(fail func(method string, err error) error) {
 	c.fail = fail
 }
 
+// KeepAliveStreams returns how many lease keep-alive streams were opened.
+func (c *Calls) KeepAliveStreams() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.streams
+}
+
 // SetKeepAlive sets the keep-alive hook (nil: none): f runs before each
 // keep-alive request is sent, with its lease ID, and may act on the
 // cluster first (revoke the lease, say); a positive TTL it returns
@@ -93,6 +110,7 @@ type keepAliveStream struct {
 
 func (s *keepAliveStream) SendMsg(m any) error {
 	if req, ok := m.(*pb.LeaseKeepAliveRequest); ok {
+		s.c.count("LeaseKeepAlive")
 		s.c.mu.Lock()
 		f := s.c.keepAlive
 		s.c.mu.Unlock()
