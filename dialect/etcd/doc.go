@@ -83,8 +83,15 @@
 // read-only check); 3 on a Backend that has not seen the holder's etcd
 // lease (it reads it first); a renewal with a longer TTL than the lease
 // was granted with grants a new etcd lease, moves the holder onto it in a
-// transaction and revokes the old one (4). Release: 1. List: 1, plus one
-// time-to-live per held key. Only grants, releases and lease grants are
+// transaction and revokes the old one (4). TryRenewBatch (the Client
+// renews through it): one keep-alive per lease, all pipelined on the
+// Backend's keep-alive stream, then one read-only transaction that checks
+// every lease, as nested transactions of at most [Options.MaxTxnOps] − 3
+// leases each (etcd counts a nested transaction's operations against what
+// its parent leaves); longer TTLs get new etcd leases, moved in
+// transactions split the same way. Release: 1. List: 1, plus one
+// time-to-live per held key that this Backend did not grant or renew last
+// (for those it reports the Deadline it reported). Only grants, releases and lease grants are
 // raft writes; the renew check is a linearizable read and the keep-alive
 // is served by the leader alone.
 //

@@ -32,6 +32,12 @@ type Options struct {
 	// (default [DefaultPrefix]). Backends with different prefixes share
 	// nothing. It must be valid UTF-8 without NUL, at most 256 bytes.
 	Prefix string
+	// MaxTxnOps is the most operations the Backend puts in one etcd
+	// transaction (default [DefaultMaxTxnOps], etcd's own default); set
+	// it to the cluster's --max-txn-ops if that is lower; at least 4,
+	// which a grant needs. A batch renewal of more leases than fit is
+	// split into several transactions.
+	MaxTxnOps int
 }
 
 // Backend is a [sqllock.Backend] and [sqllock.Watcher] on etcd. It is safe
@@ -39,6 +45,7 @@ type Options struct {
 type Backend struct {
 	cli    *clientv3.Client
 	prefix string
+	maxOps int // operations per transaction, at most
 
 	mu      sync.Mutex            // guards seen, spares, granted
 	seen    map[string]seenRecord // the last token record seen per key; a hint only
@@ -73,6 +80,9 @@ type seenRecord struct {
 	token int64
 	held  bool
 	lease clientv3.LeaseID // the etcd lease of the holder with token; 0: not known
+	// deadline is the Deadline this Backend last reported for the lease
+	// of token on etcd lease lease (zero: none): what List reports for it.
+	deadline time.Time
 }
 
 // maxSeen bounds the hint cache: past it an arbitrary entry is dropped,
@@ -94,7 +104,10 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 	if len(prefix) > 256 || !utf8.ValidString(prefix) || strings.IndexByte(prefix, 0) >= 0 {
 		return nil, fmt.Errorf("sqllock/etcd: invalid prefix %q: want valid UTF-8 without NUL, at most 256 bytes", prefix)
 	}
-	b := &Backend{cli: cli, prefix: prefix, seen: make(map[string]seenRecord),
+	if opts.MaxTxnOps != 0 && opts.MaxTxnOps < minTxnOps {
+		return nil, fmt.Errorf("sqllock/etcd: invalid MaxTxnOps %d: want 0 (the default, %d) or at least %d", opts.MaxTxnOps, DefaultMaxTxnOps, minTxnOps)
+	}
+	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
 		spares: make(map[int64][]spare), granted: make(map[int64]int64)}
 	b.watch.b = b
 	b.ka.cli = cli
@@ -210,6 +223,9 @@ func (b *Backend) read(ctx context.Context, o op, key string) (keyState, error) 
 func (b *Backend) remember(key string, s seenRecord) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if old, ok := b.seen[key]; ok && s.deadline.IsZero() && old.token == s.token && old.lease == s.lease {
+		s.deadline = old.deadline // a read does not know it
+	}
 	if _, ok := b.seen[key]; !ok && len(b.seen) >= maxSeen {
 		for k := range b.seen {
 			delete(b.seen, k)
@@ -220,12 +236,13 @@ func (b *Backend) remember(key string, s seenRecord) {
 }
 
 // rememberLease records that the holder of key with token is on etcd lease
-// id (0: not known), if the record seen is of that token.
-func (b *Backend) rememberLease(key string, token int64, id clientv3.LeaseID) {
+// id (0: not known) with the Deadline this Backend reported for it (zero:
+// none), if the record seen is of that token.
+func (b *Backend) rememberLease(key string, token int64, id clientv3.LeaseID, deadline time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if r, ok := b.seen[key]; ok && r.token == token {
-		r.lease = id
+		r.lease, r.deadline = id, deadline
 		b.seen[key] = r
 	}
 }
@@ -317,7 +334,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			return sqllock.Lease{}, translate(ctx, opAcquire, req.Key, err)
 		}
 		if resp.Succeeded {
-			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token, lease: grant.id})
+			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token, lease: grant.id, deadline: lease.Deadline})
 			lease.Token, lease.Value = token, cloneValue(req.Value)
 			return lease, nil
 		}
@@ -388,7 +405,7 @@ func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, 
 		}
 		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the earlier grant of this acquire ended while it was repeated; try again", lease.Key, sqllock.ErrUnavailable)
 	}
-	b.rememberLease(lease.Key, s.rec.Token, sp.id)
+	b.rememberLease(lease.Key, s.rec.Token, sp.id, lease.Deadline)
 	lease.Token, lease.Value = s.rec.Token, cloneValue(s.rec.Value)
 	return lease, nil
 }
@@ -538,6 +555,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		switch {
 		case ok && alive:
 			l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(granted)*time.Second)
+			b.rememberLease(l.Key, l.Token, id, l.Deadline)
 			return l, nil
 		case ok:
 			// etcd no longer knows the lease, and its keys go with it.
@@ -550,7 +568,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		// (moved there by a repeated acquire or a longer renewal): keep
 		// that one alive, and check again.
 		id = clientv3.LeaseID(s.holder.Lease)
-		b.rememberLease(l.Key, l.Token, id)
+		b.rememberLease(l.Key, l.Token, id, time.Time{})
 	}
 	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: the holder moved between etcd leases under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
 }
@@ -603,9 +621,9 @@ func (b *Backend) renewLonger(ctx context.Context, l sqllock.Lease, id clientv3.
 		}
 		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: the lease changed during the renewal; try again", l.Key, sqllock.ErrUnavailable)
 	}
-	b.rememberLease(l.Key, l.Token, grant.ID)
 	b.revoke(ctx, id) // the old etcd lease has no key left
 	l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(grant.TTL)*time.Second)
+	b.rememberLease(l.Key, l.Token, grant.ID, l.Deadline)
 	return l, nil
 }
 
@@ -647,7 +665,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		return translate(ctx, opRelease, l.Key, err)
 	}
 	if resp.Succeeded {
-		b.rememberLease(l.Key, l.Token, 0)
+		b.rememberLease(l.Key, l.Token, 0, time.Time{})
 		// The etcd lease is left without a key: kept for reuse (its TTL
 		// period began no earlier than l's BackendTime), else it expires
 		// by itself; a revoke would cost a raft write for nothing.
@@ -698,8 +716,10 @@ func lostOrNil(lost *sqllock.LostError) error {
 }
 
 // List implements [sqllock.Backend]: one read-only transaction reads the
-// three key ranges at one revision; each held key's remaining time is one
-// more round trip (etcd's lease time-to-live).
+// three key ranges at one revision. A held key whose lease this Backend
+// granted or renewed last reports the Deadline it reported then; any other
+// held key's remaining time is one more round trip (etcd's lease
+// time-to-live, in whole seconds).
 func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
 	if err := sqllock.ValidatePrefix(prefix); err != nil {
 		return nil, err
@@ -742,10 +762,17 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		ks := s.sqllock()
 		info := sqllock.LockInfo{Key: key, Token: ks.Token, Owner: ks.Owner, Value: cloneValue(s.rec.Value)}
 		if s.held() {
-			now := time.Now()
 			info.Held = true
-			info.Remaining = b.remaining(ctx, clientv3.LeaseID(s.holder.Lease))
-			info.Deadline = now.Add(info.Remaining)
+			if r := b.recall(key); r.token == s.rec.Token && r.lease == clientv3.LeaseID(s.holder.Lease) && !r.deadline.IsZero() {
+				// This Backend granted or renewed the lease last: the
+				// Deadline it reported.
+				info.Deadline = r.deadline
+				info.Remaining = max(time.Until(r.deadline), time.Millisecond)
+			} else {
+				now := time.Now()
+				info.Remaining = b.remaining(ctx, clientv3.LeaseID(s.holder.Lease))
+				info.Deadline = now.Add(info.Remaining)
+			}
 		}
 		out = append(out, info)
 	}

@@ -55,40 +55,68 @@ var errKeepAliveStream = errors.New("the keep-alive stream ended")
 
 // once sends one keep-alive for id and waits for its reply: the TTL etcd
 // restarted the lease with (seconds), rpctypes.ErrLeaseNotFound when etcd
-// does not know the lease, or the stream's or ctx's error. A request whose
-// caller gave up keeps its place: its reply, when it comes, is dropped,
-// never taken for a later request's.
+// does not know the lease, or the stream's or ctx's error.
 func (k *keepAlives) once(ctx context.Context, id clientv3.LeaseID) (int64, error) {
-	s, err := k.stream()
+	ttls, err := k.many(ctx, []clientv3.LeaseID{id})
 	if err != nil {
 		return 0, err
 	}
-	ch := make(chan kaReply, 1)
+	if ttls[0] <= 0 {
+		return 0, rpctypes.ErrLeaseNotFound
+	}
+	return ttls[0], nil
+}
+
+// many sends one keep-alive for each of ids and waits for every reply: the
+// TTLs etcd restarted the leases with (seconds; <= 0 for a lease etcd does
+// not know), in order, or the stream's or ctx's error. A request whose
+// caller gave up keeps its place: its reply, when it comes, is dropped,
+// never taken for a later request's.
+func (k *keepAlives) many(ctx context.Context, ids []clientv3.LeaseID) ([]int64, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	s, err := k.stream()
+	if err != nil {
+		return nil, err
+	}
+	chs := make([]chan kaReply, len(ids))
 	s.mu.Lock()
 	if s.err != nil {
 		err := s.err
 		s.mu.Unlock()
-		return 0, err
+		return nil, err
 	}
-	s.waiting[int64(id)] = append(s.waiting[int64(id)], ch)
+	for i, id := range ids {
+		chs[i] = make(chan kaReply, 1)
+		s.waiting[int64(id)] = append(s.waiting[int64(id)], chs[i])
+	}
 	// Queued and sent under the send lock, in the same order for one
 	// lease: the order etcd answers in.
 	s.sendMu.Lock()
 	s.mu.Unlock()
-	err = s.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)})
+	for _, id := range ids {
+		if err = s.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
+			break
+		}
+	}
 	s.sendMu.Unlock()
 	if err != nil {
 		s.fail(k, err)
 	}
-	select {
-	case r := <-ch:
-		if r.err == nil && r.ttl <= 0 {
-			return 0, rpctypes.ErrLeaseNotFound
+	ttls := make([]int64, len(ids))
+	for i, ch := range chs {
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				return nil, r.err
+			}
+			ttls[i] = r.ttl
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
-		return r.ttl, r.err
-	case <-ctx.Done():
-		return 0, ctx.Err()
 	}
+	return ttls, nil
 }
 
 // stream returns the open stream, opening one if there is none.

@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -41,6 +42,41 @@ func holderLease(t testing.TB, b *Backend, key string) clientv3.LeaseID {
 // keep-alive, and then trusts the keep-alive, reports it renewed.
 func TestRenewalNotTrustedToKeepAlive(t *testing.T) {
 	t.Parallel()
+	for _, r := range renewers {
+		t.Run(r.name, func(t *testing.T) {
+			t.Parallel()
+			testRenewalNotTrustedToKeepAlive(t, r.renew)
+		})
+	}
+}
+
+// renewers are the two ways a Backend renews: alone, and in a batch (of
+// the lease and another, live one).
+var renewers = []struct {
+	name  string
+	renew func(b *Backend, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error)
+}{
+	{"Single", func(b *Backend, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
+		return b.TryRenew(context.Background(), l, ttl)
+	}},
+	{"Batch", func(b *Backend, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
+		ctx := context.Background()
+		other, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "batch-companion-" + l.Key, TTL: ttl, Owner: "c"})
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		res, err := b.TryRenewBatch(ctx, []sqllock.RenewRequest{{Lease: other, TTL: ttl}, {Lease: l, TTL: ttl}})
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		if res[0].Err != nil {
+			return sqllock.Lease{}, fmt.Errorf("the live companion: %w", res[0].Err)
+		}
+		return res[1].Lease, res[1].Err
+	}},
+}
+
+func testRenewalNotTrustedToKeepAlive(t *testing.T, renew func(*Backend, sqllock.Lease, time.Duration) (sqllock.Lease, error)) {
 	b, calls, other := counted(t)
 	ctx := testCtx(t)
 	l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: 10 * time.Second, Owner: "o1"})
@@ -60,7 +96,7 @@ func TestRenewalNotTrustedToKeepAlive(t *testing.T) {
 		revoked.Add(1)
 		return 10 // ... and the keep-alive is answered with its TTL all the same
 	})
-	_, err = b.TryRenew(ctx, l, 10*time.Second)
+	_, err = renew(b, l, 10*time.Second)
 	calls.SetKeepAlive(nil)
 	require.Equal(t, int32(1), revoked.Load(), "the renewal sent no keep-alive on the holder's etcd lease")
 	var lost *sqllock.LostError
@@ -83,6 +119,15 @@ func TestRenewalNotTrustedToKeepAlive(t *testing.T) {
 // alive, has 5 s.
 func TestRenewalKeepsTheHolderLeaseAlive(t *testing.T) {
 	t.Parallel()
+	for _, r := range renewers {
+		t.Run(r.name, func(t *testing.T) {
+			t.Parallel()
+			testRenewalKeepsTheHolderLeaseAlive(t, r.renew)
+		})
+	}
+}
+
+func testRenewalKeepsTheHolderLeaseAlive(t *testing.T, renew func(*Backend, sqllock.Lease, time.Duration) (sqllock.Lease, error)) {
 	b, _, other := counted(t)
 	ctx := testCtx(t)
 	l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: 30 * time.Second, Owner: "o1"})
@@ -94,7 +139,12 @@ func TestRenewalKeepsTheHolderLeaseAlive(t *testing.T) {
 	).Commit()
 	require.NoError(t, err)
 	require.True(t, resp.Succeeded)
-	r, err := b.TryRenew(ctx, l, 5*time.Second)
+	r, err := renew(b, l, 5*time.Second)
+	if errors.Is(err, sqllock.ErrUnavailable) {
+		// A batch leaves a holder found on another etcd lease to a
+		// renewal of its own; the next one keeps that lease alive.
+		r, err = renew(b, l, 5*time.Second)
+	}
 	require.NoError(t, err)
 	reported := r.Deadline.Sub(r.BackendTime)
 	require.Equal(t, short.ID, holderLease(t, other, "k"))
@@ -216,7 +266,16 @@ func TestRenewalsRacingExpiry(t *testing.T) {
 					at := l.Deadline.Add(time.Duration((k*7+n*5+i*3)%10-6) * time.Millisecond)
 					time.Sleep(time.Until(at))
 					sent := time.Now()
-					r, err := holder.TryRenew(ctx, l, ttl)
+					var r sqllock.Lease
+					if (n+i)%2 == 0 {
+						r, err = holder.TryRenew(ctx, l, ttl)
+					} else {
+						// A batch of one: the Client's renewals go this way.
+						var res []sqllock.RenewResult
+						if res, err = holder.TryRenewBatch(ctx, []sqllock.RenewRequest{{Lease: l, TTL: ttl}}); err == nil {
+							r, err = res[0].Lease, res[0].Err
+						}
+					}
 					if err == nil {
 						renewed.Add(1)
 						addClaim(key, r, sent)
