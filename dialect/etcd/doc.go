@@ -100,8 +100,10 @@
 // the Backend opens on first use and again after it breaks, for as long as
 // the etcd client lives; replies are matched to requests by lease ID, and
 // each request's send time, taken before it is sent, dates the period it
-// starts. Not the etcd client's Lease.KeepAlive, which renews on its own
-// clock and dates a lease from the reply.
+// starts. A keep-alive whose caller gives up ends the stream, so that a
+// stream stuck on a connection that no longer answers is not used again.
+// Not the etcd client's Lease.KeepAlive, which renews on its own clock and
+// dates a lease from the reply.
 //
 // # Fencing
 //

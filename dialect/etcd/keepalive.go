@@ -69,9 +69,14 @@ func (k *keepAlives) once(ctx context.Context, id clientv3.LeaseID) (int64, erro
 
 // many sends one keep-alive for each of ids and waits for every reply: the
 // TTLs etcd restarted the leases with (seconds; <= 0 for a lease etcd does
-// not know), in order, or the stream's or ctx's error. A request whose
-// caller gave up keeps its place: its reply, when it comes, is dropped,
-// never taken for a later request's.
+// not know), in order, or the stream's or ctx's error.
+//
+// A caller that gives up (ctx ended) ends the stream too: its requests'
+// replies can then never be taken for a later request's (whose send time
+// would date a renewal that happened before it), and the next request
+// goes on a new stream, so that a stream stuck on a connection that no
+// longer answers (half-open) is not used again. The other requests
+// waiting on it fail as transient; a renewal is safe to repeat.
 func (k *keepAlives) many(ctx context.Context, ids []clientv3.LeaseID) ([]int64, error) {
 	if len(ids) == 0 {
 		return nil, nil
@@ -113,6 +118,7 @@ func (k *keepAlives) many(ctx context.Context, ids []clientv3.LeaseID) ([]int64,
 			}
 			ttls[i] = r.ttl
 		case <-ctx.Done():
+			s.fail(k, ctx.Err())
 			return nil, ctx.Err()
 		}
 	}

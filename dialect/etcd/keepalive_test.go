@@ -1,6 +1,7 @@
 package etcd
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -54,4 +55,27 @@ func TestKeepAlivesShareOneStream(t *testing.T) {
 	_, by = calls.Take()
 	require.Contains(t, by, "LeaseKeepAlive×1", "the acquire reused the spare")
 	require.Equal(t, 1, calls.KeepAliveStreams(), "keep-alive streams opened")
+}
+
+// TestKeepAliveAbandonedEndsTheStream: a keep-alive whose caller gave up
+// before its reply ends the stream, so that the next one goes on a new
+// stream (not on one that may be stuck on a connection that no longer
+// answers) and cannot be handed the late reply of the abandoned one.
+func TestKeepAliveAbandonedEndsTheStream(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: 5 * time.Second, Owner: "o"})
+	require.NoError(t, err)
+	_, err = b.TryRenew(ctx, l, 5*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, 1, calls.KeepAliveStreams())
+	gone, cancel := context.WithCancel(ctx)
+	cancel() // ended before the reply can come back
+	_, err = b.ka.once(gone, holderLease(t, b, "k"))
+	require.ErrorIs(t, err, context.Canceled)
+	r, err := b.TryRenew(ctx, l, 5*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, 5*time.Second, r.Deadline.Sub(r.BackendTime))
+	require.Equal(t, 2, calls.KeepAliveStreams(), "the renewal after an abandoned keep-alive went on the same stream")
 }
