@@ -54,17 +54,56 @@
 // [sqllock.HeldError.Remaining] come from etcd's lease time-to-live, which
 // etcd reports in whole seconds, rounded down.
 //
+// # Renewal, and an etcd bug it does not rely on
+//
+// A renewal sends a keep-alive on the etcd lease that the holder key was
+// last seen on (its send time starts the new period, and the local
+// deadline), and then checks, in a linearizable read-only transaction,
+// that the holder key still carries the lease's token on that same etcd
+// lease. Only both together are a renewal: a keep-alive that restarted a
+// lease with no key under it, or the wrong lease, renews nothing.
+//
+// The check comes after the keep-alive, not before, because of an etcd
+// server bug: a keep-alive racing the revocation of an expired lease can
+// be answered with a positive TTL after the lease's keys were deleted
+// (etcd-io/etcd#20547, fixed by etcd-io/etcd#20590). Servers from etcd
+// 3.4.38, 3.5.23 and 3.6.5 on have the fix; every earlier release lacks
+// it, Debian's 3.4.23 included. On such a server a check made before the
+// keep-alive could pass, the key be deleted, another process be granted
+// it, and the keep-alive still answer: two holders. The read after the
+// keep-alive sees the deletion, so the backend is safe on both kinds of
+// server, at no extra round trip.
+//
 // # Round trips
 //
 // TryAcquire: 2 (lease grant, then the transaction); 3 when another
 // process changed the key since this Backend last saw it; a refused attempt
 // on a key this Backend saw held costs a read and the holder's
-// time-to-live, and no write. TryRenew: 2 (a read-only transaction that
-// checks the token, then a keep-alive; a renewal with a longer TTL than the
-// lease was granted with grants a new lease instead of the keep-alive).
-// Release: 1. List: 1, plus one time-to-live per held key. Only grants,
-// releases and lease grants are raft writes; the renew check is a
-// linearizable read and the keep-alive is served by the leader alone.
+// time-to-live, and no write. TryRenew: 2 (the keep-alive, then the
+// read-only check); 3 on a Backend that has not seen the holder's etcd
+// lease (it reads it first); a renewal with a longer TTL than the lease
+// was granted with grants a new etcd lease, moves the holder onto it in a
+// transaction and revokes the old one (4). TryRenewBatch (the Client
+// renews through it): one keep-alive per lease, all pipelined on the
+// Backend's keep-alive stream, then one read-only transaction that checks
+// every lease, as nested transactions of at most [Options.MaxTxnOps] − 3
+// leases each (etcd counts a nested transaction's operations against what
+// its parent leaves); longer TTLs get new etcd leases, moved in
+// transactions split the same way. Release: 1. List: 1, plus one
+// time-to-live per held key that this Backend did not grant or renew last
+// (for those it reports the Deadline it reported). Only grants, releases and lease grants are
+// raft writes; the renew check is a linearizable read and the keep-alive
+// is served by the leader alone.
+//
+// Every keep-alive of a Backend (a renewal's, and an acquire's that reuses
+// a released etcd lease) is one request on one lease keep-alive stream that
+// the Backend opens on first use and again after it breaks, for as long as
+// the etcd client lives; replies are matched to requests by lease ID, and
+// each request's send time, taken before it is sent, dates the period it
+// starts. A keep-alive whose caller gives up ends the stream, so that a
+// stream stuck on a connection that no longer answers is not used again.
+// Not the etcd client's Lease.KeepAlive, which renews on its own clock and
+// dates a lease from the reply.
 //
 // # Fencing
 //

@@ -32,6 +32,12 @@ type Options struct {
 	// (default [DefaultPrefix]). Backends with different prefixes share
 	// nothing. It must be valid UTF-8 without NUL, at most 256 bytes.
 	Prefix string
+	// MaxTxnOps is the most operations the Backend puts in one etcd
+	// transaction (default [DefaultMaxTxnOps], etcd's own default); set
+	// it to the cluster's --max-txn-ops if that is lower; at least 4,
+	// which a grant needs. A batch renewal of more leases than fit is
+	// split into several transactions.
+	MaxTxnOps int
 }
 
 // Backend is a [sqllock.Backend] and [sqllock.Watcher] on etcd. It is safe
@@ -39,12 +45,14 @@ type Options struct {
 type Backend struct {
 	cli    *clientv3.Client
 	prefix string
+	maxOps int // operations per transaction, at most
 
 	mu      sync.Mutex            // guards seen, spares, granted
 	seen    map[string]seenRecord // the last token record seen per key; a hint only
 	spares  map[int64][]spare     // keyless etcd leases for reuse, by granted TTL (seconds)
 	granted map[int64]int64       // requested TTL → the TTL etcd granted for it (seconds)
 	watch   watches
+	ka      keepAlives
 }
 
 // spare is an etcd lease with no key attached: one that this Backend
@@ -63,12 +71,18 @@ const maxSpares = 256
 
 // seenRecord is what this Backend last saw of a key: the token record's
 // revision and token (so that a grant's transaction can compare and
-// increment without reading first), and whether the key was held then (so
-// that a waiter's next attempt reads before it grants a lease).
+// increment without reading first), whether the key was held then (so
+// that a waiter's next attempt reads before it grants a lease), and the
+// etcd lease its holder is on (so that a renewal sends its keep-alive
+// first; the check after it decides).
 type seenRecord struct {
 	rev   int64 // the token record's mod revision; 0: no record
 	token int64
 	held  bool
+	lease clientv3.LeaseID // the etcd lease of the holder with token; 0: not known
+	// deadline is the Deadline this Backend last reported for the lease
+	// of token on etcd lease lease (zero: none): what List reports for it.
+	deadline time.Time
 }
 
 // maxSeen bounds the hint cache: past it an arbitrary entry is dropped,
@@ -90,9 +104,13 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 	if len(prefix) > 256 || !utf8.ValidString(prefix) || strings.IndexByte(prefix, 0) >= 0 {
 		return nil, fmt.Errorf("sqllock/etcd: invalid prefix %q: want valid UTF-8 without NUL, at most 256 bytes", prefix)
 	}
-	b := &Backend{cli: cli, prefix: prefix, seen: make(map[string]seenRecord),
+	if opts.MaxTxnOps != 0 && opts.MaxTxnOps < minTxnOps {
+		return nil, fmt.Errorf("sqllock/etcd: invalid MaxTxnOps %d: want 0 (the default, %d) or at least %d", opts.MaxTxnOps, DefaultMaxTxnOps, minTxnOps)
+	}
+	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
 		spares: make(map[int64][]spare), granted: make(map[int64]int64)}
 	b.watch.b = b
+	b.ka.cli = cli
 	return b, nil
 }
 
@@ -149,7 +167,11 @@ func (s keyState) sqllock() sqllock.KeyState {
 }
 
 func (s keyState) seen() seenRecord {
-	return seenRecord{rev: s.recRev, token: s.rec.Token, held: s.held()}
+	r := seenRecord{rev: s.recRev, token: s.rec.Token, held: s.held()}
+	if r.held {
+		r.lease = clientv3.LeaseID(s.holder.Lease)
+	}
+	return r
 }
 
 // readOps are the operations that read a key's state, in the order
@@ -201,6 +223,9 @@ func (b *Backend) read(ctx context.Context, o op, key string) (keyState, error) 
 func (b *Backend) remember(key string, s seenRecord) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if old, ok := b.seen[key]; ok && s.deadline.IsZero() && old.token == s.token && old.lease == s.lease {
+		s.deadline = old.deadline // a read does not know it
+	}
 	if _, ok := b.seen[key]; !ok && len(b.seen) >= maxSeen {
 		for k := range b.seen {
 			delete(b.seen, k)
@@ -208,6 +233,28 @@ func (b *Backend) remember(key string, s seenRecord) {
 		}
 	}
 	b.seen[key] = s
+}
+
+// rememberLease records that the holder of key with token is on etcd lease
+// id (0: not known) with the Deadline this Backend reported for it (zero:
+// none), if the record seen is of that token.
+func (b *Backend) rememberLease(key string, token int64, id clientv3.LeaseID, deadline time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r, ok := b.seen[key]; ok && r.token == token {
+		r.lease, r.deadline = id, deadline
+		b.seen[key] = r
+	}
+}
+
+// leaseHint is the etcd lease that l's holder was last seen on; 0 when not
+// known.
+func (b *Backend) leaseHint(l sqllock.Lease) clientv3.LeaseID {
+	r := b.recall(l.Key)
+	if r.token != l.Token {
+		return 0
+	}
+	return r.lease
 }
 
 func (b *Backend) recall(key string) seenRecord {
@@ -287,7 +334,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			return sqllock.Lease{}, translate(ctx, opAcquire, req.Key, err)
 		}
 		if resp.Succeeded {
-			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token})
+			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token, lease: grant.id, deadline: lease.Deadline})
 			lease.Token, lease.Value = token, cloneValue(req.Value)
 			return lease, nil
 		}
@@ -358,6 +405,7 @@ func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, 
 		}
 		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the earlier grant of this acquire ended while it was repeated; try again", lease.Key, sqllock.ErrUnavailable)
 	}
+	b.rememberLease(lease.Key, s.rec.Token, sp.id, lease.Deadline)
 	lease.Token, lease.Value = s.rec.Token, cloneValue(s.rec.Value)
 	return lease, nil
 }
@@ -371,14 +419,14 @@ func (b *Backend) etcdLease(ctx context.Context, key string, sec int64, sent tim
 		if !ok {
 			break
 		}
-		ka, err := b.cli.KeepAliveOnce(ctx, sp.id)
+		granted, err := b.ka.once(ctx, sp.id)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			continue // expired while unused
 		}
 		if err != nil {
 			return spare{}, translate(ctx, opGrant, key, err)
 		}
-		if ka.TTL != sp.ttl {
+		if granted != sp.ttl {
 			continue // not the lease it was taken for; it expires by itself
 		}
 		sp.at = sent
@@ -453,10 +501,19 @@ func (b *Backend) revoke(ctx context.Context, id clientv3.LeaseID) {
 	_, _ = b.cli.Revoke(rctx, id)
 }
 
-// TryRenew implements [sqllock.Backend]: a read-only transaction checks
-// that l holds its key, then a keep-alive restarts the etcd lease's TTL. A
-// TTL longer than the etcd lease was granted with gets a new etcd lease
-// instead, moved under the holder in a transaction that compares the token.
+// TryRenew implements [sqllock.Backend]: a keep-alive restarts the TTL of
+// the etcd lease that the holder key was last seen on, and then a
+// linearizable read-only transaction checks that the holder key still
+// carries l's token on that etcd lease; only both together are a renewal,
+// dated from the keep-alive's send time. The check comes after the
+// keep-alive, not before, because some etcd servers answer a keep-alive
+// racing the revocation of an expired lease with a positive TTL after the
+// lease's keys were deleted (etcd-io/etcd#20547; see the package doc): a
+// check before it would not see the key go. When this Backend has not
+// seen the holder's etcd lease (l was granted elsewhere), a read finds it
+// first. A TTL longer than the etcd lease was granted with gets a new etcd
+// lease instead, moved under the holder in a transaction that compares the
+// token and the old etcd lease.
 func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
 	if err := sqllock.ValidateLease(l); err != nil {
 		return sqllock.Lease{}, err
@@ -467,61 +524,106 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	if err := ctx.Err(); err != nil {
 		return sqllock.Lease{}, notSent(opRenew, l.Key, err)
 	}
-	token := tokenString(l.Token)
-	resp, err := b.cli.Txn(ctx).If(b.holds(l)).Then(
-		clientv3.OpGet(b.holderKey(l.Key)),
+	want := ttlSeconds(ttl)
+	id := b.leaseHint(l)
+	for range maxAttempts {
+		if id == 0 {
+			// Which etcd lease the holder is on: this read is not the
+			// check, which follows the keep-alive.
+			s, err := b.read(ctx, opRenew, l.Key)
+			if err != nil {
+				return sqllock.Lease{}, err
+			}
+			if lost := s.sqllock().Loss(l); lost != nil {
+				return sqllock.Lease{}, lost
+			}
+			id = clientv3.LeaseID(s.holder.Lease)
+		}
+		sent := time.Now()
+		granted, err := b.ka.once(ctx, id)
+		alive := err == nil
+		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
+		}
+		if alive && granted < want {
+			return b.renewLonger(ctx, l, id, want)
+		}
+		s, ok, err := b.check(ctx, l, id)
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		switch {
+		case ok && alive:
+			l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(granted)*time.Second)
+			b.rememberLease(l.Key, l.Token, id, l.Deadline)
+			return l, nil
+		case ok:
+			// etcd no longer knows the lease, and its keys go with it.
+			return sqllock.Lease{}, &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
+		}
+		if lost := s.sqllock().Loss(l); lost != nil {
+			return sqllock.Lease{}, lost
+		}
+		// l holds its key, on another etcd lease than the one kept alive
+		// (moved there by a repeated acquire or a longer renewal): keep
+		// that one alive, and check again.
+		id = clientv3.LeaseID(s.holder.Lease)
+		b.rememberLease(l.Key, l.Token, id, time.Time{})
+	}
+	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: the holder moved between etcd leases under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+// check reads, in one linearizable read-only transaction, whether l's
+// holder key carries its token on etcd lease id; if not, the key's state.
+func (b *Backend) check(ctx context.Context, l sqllock.Lease, id clientv3.LeaseID) (keyState, bool, error) {
+	resp, err := b.cli.Txn(ctx).If(
+		b.holds(l),
+		clientv3.Compare(clientv3.LeaseValue(b.holderKey(l.Key)), "=", id),
 	).Else(b.readOps(l.Key)...).Commit()
 	if err != nil {
-		return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
+		return keyState{}, false, translate(ctx, opRenew, l.Key, err)
 	}
-	if !resp.Succeeded {
-		return sqllock.Lease{}, b.loss(l, resp.Responses)
+	if resp.Succeeded {
+		return keyState{}, true, nil
 	}
-	kvs := resp.Responses[0].GetResponseRange().GetKvs()
-	if len(kvs) != 1 {
-		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: holder read returned %d keys", l.Key, sqllock.ErrUnavailable, len(kvs))
-	}
-	id := clientv3.LeaseID(kvs[0].Lease)
-	want := ttlSeconds(ttl)
-	sent := time.Now()
-	ka, err := b.cli.KeepAliveOnce(ctx, id)
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		// The etcd lease expired after the check: so did l.
-		return sqllock.Lease{}, b.lossAfter(ctx, l, sqllock.LostExpired)
-	}
+	s, err := parseState(l.Key, resp.Responses)
 	if err != nil {
-		return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
+		return keyState{}, false, err
 	}
-	if ka.TTL >= want {
-		l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(ka.TTL)*time.Second)
-		return l, nil
-	}
-	// A longer TTL than the etcd lease has: a new etcd lease.
-	sent = time.Now()
+	b.remember(l.Key, s.seen())
+	return s, false, nil
+}
+
+// renewLonger renews l, whose holder was on etcd lease id, with a TTL of
+// want seconds, longer than id was granted with: a new etcd lease, moved
+// under the holder in a transaction that compares l's token and id.
+func (b *Backend) renewLonger(ctx context.Context, l sqllock.Lease, id clientv3.LeaseID, want int64) (sqllock.Lease, error) {
+	sent := time.Now()
 	grant, err := b.cli.Grant(ctx, want)
 	if err != nil {
 		return sqllock.Lease{}, translate(ctx, opGrant, l.Key, err)
 	}
-	mresp, err := b.cli.Txn(ctx).If(
+	resp, err := b.cli.Txn(ctx).If(
 		b.holds(l),
 		clientv3.Compare(clientv3.LeaseValue(b.holderKey(l.Key)), "=", id),
 	).Then(
-		clientv3.OpPut(b.holderKey(l.Key), token, clientv3.WithLease(grant.ID)),
+		clientv3.OpPut(b.holderKey(l.Key), tokenString(l.Token), clientv3.WithLease(grant.ID)),
 	).Else(b.readOps(l.Key)...).Commit()
 	if err != nil {
 		// A renew keeps the token: repeating it is safe, so its unknown
 		// outcome is merely unavailable.
 		return sqllock.Lease{}, translate(ctx, opRenew, l.Key, err)
 	}
-	if !mresp.Succeeded {
+	if !resp.Succeeded {
 		b.revoke(ctx, grant.ID)
-		if lost := b.loss(l, mresp.Responses); lost != nil {
+		if lost := b.loss(l, resp.Responses); lost != nil {
 			return sqllock.Lease{}, lost
 		}
 		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: the lease changed during the renewal; try again", l.Key, sqllock.ErrUnavailable)
 	}
 	b.revoke(ctx, id) // the old etcd lease has no key left
 	l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(grant.TTL)*time.Second)
+	b.rememberLease(l.Key, l.Token, grant.ID, l.Deadline)
 	return l, nil
 }
 
@@ -538,17 +640,6 @@ func (b *Backend) loss(l sqllock.Lease, rs []*etcdserverpb.ResponseOp) error {
 	// The compare failed, yet the state shows l held: only possible when
 	// the holder's value is not the record's token, which no grant writes.
 	return fmt.Errorf("sqllock/etcd: %q: holder %q does not match token record %d", l.Key, s.holder.Value, s.rec.Token)
-}
-
-// lossAfter reads why l was lost, after etcd said that its lease is gone;
-// if the read fails it reports fallback.
-func (b *Backend) lossAfter(ctx context.Context, l sqllock.Lease, fallback sqllock.LostReason) error {
-	if s, err := b.read(ctx, opRenew, l.Key); err == nil {
-		if lost := s.sqllock().Loss(l); lost != nil {
-			return lost
-		}
-	}
-	return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: fallback}
 }
 
 // Release implements [sqllock.Backend]: one transaction that deletes the
@@ -574,6 +665,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		return translate(ctx, opRelease, l.Key, err)
 	}
 	if resp.Succeeded {
+		b.rememberLease(l.Key, l.Token, 0, time.Time{})
 		// The etcd lease is left without a key: kept for reuse (its TTL
 		// period began no earlier than l's BackendTime), else it expires
 		// by itself; a revoke would cost a raft write for nothing.
@@ -624,8 +716,10 @@ func lostOrNil(lost *sqllock.LostError) error {
 }
 
 // List implements [sqllock.Backend]: one read-only transaction reads the
-// three key ranges at one revision; each held key's remaining time is one
-// more round trip (etcd's lease time-to-live).
+// three key ranges at one revision. A held key whose lease this Backend
+// granted or renewed last reports the Deadline it reported then; any other
+// held key's remaining time is one more round trip (etcd's lease
+// time-to-live, in whole seconds).
 func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
 	if err := sqllock.ValidatePrefix(prefix); err != nil {
 		return nil, err
@@ -668,10 +762,17 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		ks := s.sqllock()
 		info := sqllock.LockInfo{Key: key, Token: ks.Token, Owner: ks.Owner, Value: cloneValue(s.rec.Value)}
 		if s.held() {
-			now := time.Now()
 			info.Held = true
-			info.Remaining = b.remaining(ctx, clientv3.LeaseID(s.holder.Lease))
-			info.Deadline = now.Add(info.Remaining)
+			if r := b.recall(key); r.token == s.rec.Token && r.lease == clientv3.LeaseID(s.holder.Lease) && !r.deadline.IsZero() {
+				// This Backend granted or renewed the lease last: the
+				// Deadline it reported.
+				info.Deadline = r.deadline
+				info.Remaining = max(time.Until(r.deadline), time.Millisecond)
+			} else {
+				now := time.Now()
+				info.Remaining = b.remaining(ctx, clientv3.LeaseID(s.holder.Lease))
+				info.Deadline = now.Add(info.Remaining)
+			}
 		}
 		out = append(out, info)
 	}

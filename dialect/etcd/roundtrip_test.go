@@ -55,7 +55,11 @@ func TestRoundTrips(t *testing.T) {
 	)
 	step("acquire", 2, func() { l, err = b.TryAcquire(ctx, req("k", "o1")); require.NoError(t, err) })
 	step("renew", 2, func() { l, err = b.TryRenew(ctx, l, 10*time.Second); require.NoError(t, err) })
-	step("renew_longer_ttl", 5, func() { l, err = b.TryRenew(ctx, l, 20*time.Second); require.NoError(t, err) })
+	step("renew_longer_ttl", 4, func() { l, err = b.TryRenew(ctx, l, 20*time.Second); require.NoError(t, err) })
+	// A Backend that has not seen the holder's etcd lease reads it first.
+	fresh, err := New(b.cli, Options{Prefix: b.Prefix()})
+	require.NoError(t, err)
+	step("renew_unseen", 3, func() { l, err = fresh.TryRenew(ctx, l, 20*time.Second); require.NoError(t, err) })
 	step("fenced", 1, func() {
 		_, err := b.Fenced(ctx, l, clientv3.OpPut(b.Prefix()+"data", "x"))
 		require.NoError(t, err)
@@ -63,7 +67,26 @@ func TestRoundTrips(t *testing.T) {
 	step("release", 1, func() { require.NoError(t, b.Release(ctx, l)) })
 	step("release_repeat", 1, func() { require.NoError(t, b.Release(ctx, l)) })
 	step("acquire_released", 2, func() { l, err = b.TryAcquire(ctx, req("k", "o2")); require.NoError(t, err) })
-	step("list_1_held", 2, func() { _, err := b.List(ctx, ""); require.NoError(t, err) })
+	// The deadline of a lease this Backend granted or renewed is the one it
+	// reported; another Backend asks etcd for the time-to-live.
+	step("list_1_held", 1, func() { _, err := b.List(ctx, ""); require.NoError(t, err) })
+	step("list_1_held_unseen", 2, func() { _, err := fresh.List(ctx, ""); require.NoError(t, err) })
+	// A batch renewal: the keep-alives pipelined on the Backend's stream
+	// (one request each, one round trip of latency together), then one
+	// check for all.
+	var batch []sqllock.RenewRequest
+	for _, k := range []string{"b1", "b2", "b3"} {
+		bl, err := b.TryAcquire(ctx, req(k, "o2"))
+		require.NoError(t, err)
+		batch = append(batch, sqllock.RenewRequest{Lease: bl, TTL: 10 * time.Second})
+	}
+	step("renew_batch_3", 4, func() {
+		res, err := b.TryRenewBatch(ctx, batch)
+		require.NoError(t, err)
+		for _, r := range res {
+			require.NoError(t, r.Err)
+		}
+	})
 	require.NoError(t, b.Release(ctx, l))
 	// Another process grants the key: this Backend's hint is stale.
 	ol, err := other.TryAcquire(ctx, req("k", "x"))
