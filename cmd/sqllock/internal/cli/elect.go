@@ -156,7 +156,7 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 		term := l.Term()
 		e.notef(slog.LevelInfo, "sqllock elect: leading %q (term %d); starting %s", f.name, term.Token, f.commandRaw)
 		t := tenure{
-			cmd: "elect", key: f.key, token: term.Token, ctx: l.Context(), release: l.Resign,
+			cmd: "elect", key: f.key, token: term.Token, ctx: l.Context(), release: l.Resign, deadline: l.LocalDeadline,
 			env: []string{
 				"SQLLOCK_ELECTION=" + f.name,
 				"SQLLOCK_TERM=" + strconv.FormatInt(term.Token, 10),
