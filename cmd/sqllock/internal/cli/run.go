@@ -31,12 +31,19 @@ Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
   3. Renews the lease in the background every --ttl/3.
   4. SIGINT and SIGTERM sent to sqllock are forwarded to COMMAND, and sqllock
      waits for it to exit.
-  5. If the lease is lost (it could not be renewed before it expired, or it
-     was ended with "sqllock release --force"), sqllock sends SIGTERM to
-     COMMAND, then SIGKILL after --grace if anything in it still runs, and
-     exits 76. COMMAND runs in its own process group, so both signals reach
-     the processes it started too (forwarded signals go to the group as
-     well, followed by SIGCONT so that a stopped process acts on them).
+  5. COMMAND is not running after the lease's local deadline, whether
+     sqllock is killed, paused, or cut off from the database: a small
+     supervising process (sqllock itself) starts COMMAND in its own process
+     group, learns every renewed local deadline, and SIGKILLs the group at
+     it. While renewals fail it sends SIGTERM first, --grace before the
+     deadline (at most half the TTL; at once if less is left), and at once
+     if sqllock dies. A loss that is already final ("sqllock release
+     --force", a newer token) stops COMMAND at once: SIGTERM, SIGKILL after
+     --grace; only then can COMMAND overlap the next holder. sqllock exits
+     76 when COMMAND was stopped. Signals reach the processes COMMAND
+     started too (forwarded signals go to the group as well, followed by
+     SIGCONT so that a stopped process acts on them); on Linux also those
+     that left the group.
   6. With --log-format json (or text), sqllock writes its own lines to
      stderr as log records, one per line, with the lock's history: acquired
      (key, token, owner, backend, attempts, wait), renewals and attempts
@@ -99,7 +106,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&f.key, "key", "", "the lock's `key` (required)")
 	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
 	durationVar(fs, &f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
-	durationVar(fs, &f.grace, "grace", defaultGrace, "after a lost lease, time between SIGTERM and SIGKILL")
+	durationVar(fs, &f.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL when COMMAND is stopped")
 	f.db.register(fs)
 	f.log.register(fs)
 	if err := e.parse(fs, args); err != nil {
