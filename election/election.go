@@ -152,6 +152,11 @@ func (l *Leadership) Term() Term { return l.term }
 // not end with the context passed to Campaign.
 func (l *Leadership) Context() context.Context { return l.g.Context() }
 
+// LocalDeadline returns the term's local deadline: the monotonic instant
+// at which the leadership ends unless a renewal succeeds first (see
+// [sqllock.Guard.LocalDeadline]).
+func (l *Leadership) LocalDeadline() time.Time { return l.g.LocalDeadline() }
+
 // Done is shorthand for l.Context().Done().
 func (l *Leadership) Done() <-chan struct{} { return l.g.Done() }
 

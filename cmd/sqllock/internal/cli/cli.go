@@ -79,6 +79,9 @@ type env struct {
 // handles SIGINT and SIGTERM itself (it forwards them to its command), so
 // main's signal.NotifyContext does not stop a running command.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if cfg := os.Getenv(envSupervisor); cfg != "" {
+		return superviseMain(cfg) // started by run or elect: see supervisor.go
+	}
 	e := &env{
 		stdin: stdin, stdout: stdout, stderr: stderr,
 		getenv:     os.Getenv,

@@ -37,12 +37,19 @@
 // run acquires the key, starts the command in its own process group with
 // SQLLOCK_KEY, SQLLOCK_TOKEN and SQLLOCK_OWNER in its environment, lets the
 // Guard renew the lease, forwards SIGINT and SIGTERM to the command's group,
-// and releases the lease when the command exits. If the lease is lost, run
-// sends SIGTERM to the group, SIGKILL after --grace to whatever is left of
-// it, and exits [ExitLeaseLost]. When stdin is the terminal, the command's
-// group becomes the terminal's foreground (so that an interactive command can
-// read it), and on Linux a Ctrl-Z stop of the command is passed on to
-// sqllock itself, so that the shell regains control. Stopping on loss is
+// and releases the lease when the command exits. The command runs under a
+// supervising process (the sqllock binary re-executed, see supervisor.go)
+// that is told every renewed local deadline and stops the command by it,
+// whether sqllock exits, is killed, is paused or is cut off from the
+// database: SIGTERM --grace before the deadline once renewals are failing
+// (or at once when sqllock is gone), SIGKILL at the deadline. A final
+// loss (a forced release, a newer token) stops the command at once
+// (SIGTERM, SIGKILL after --grace), and run exits [ExitLeaseLost]. When
+// stdin is the terminal, the command's group becomes the terminal's
+// foreground (so that an interactive command can read it), and a Ctrl-Z
+// stop of the command is passed on to sqllock itself, so that the shell
+// regains control. docs/cli-supervision.md states the guarantee and its
+// limits. Stopping on loss is
 // what `consul lock` does, and what
 // `etcdctl lock` does not (it leaves the command running after its session
 // is lost; etcd's lock_command.go waits on the child only).

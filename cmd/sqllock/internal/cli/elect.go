@@ -34,10 +34,11 @@ programs using package election) on the same lock table.
                          lower one.
        SQLLOCK_KEY, SQLLOCK_TOKEN, SQLLOCK_OWNER  as with "sqllock run"
   3. Renews the term every --ttl/3 while COMMAND runs.
-  4. If the term is lost (not renewed before it expired, or ended with
-     "sqllock release --force"), COMMAND is stopped (SIGTERM, then SIGKILL
-     after --grace) and sqllock campaigns again; when it wins, COMMAND
-     starts again under the new term.
+  4. COMMAND is stopped by the term's local deadline, as "sqllock run"
+     stops it by its lease's (whatever happens to sqllock); if the term is
+     lost (not renewed before it expired, or ended with "sqllock release
+     --force"), COMMAND is stopped and sqllock campaigns again; when it
+     wins, COMMAND starts again under the new term.
   5. When COMMAND exits by itself, the term is released and sqllock exits
      with COMMAND's status. SIGINT and SIGTERM end a campaign at once, and
      are forwarded to COMMAND while it runs.
@@ -156,7 +157,7 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 		term := l.Term()
 		e.notef(slog.LevelInfo, "sqllock elect: leading %q (term %d); starting %s", f.name, term.Token, f.commandRaw)
 		t := tenure{
-			cmd: "elect", key: f.key, token: term.Token, ctx: l.Context(), release: l.Resign,
+			cmd: "elect", key: f.key, token: term.Token, ctx: l.Context(), release: l.Resign, deadline: l.LocalDeadline,
 			env: []string{
 				"SQLLOCK_ELECTION=" + f.name,
 				"SQLLOCK_TERM=" + strconv.FormatInt(term.Token, 10),

@@ -31,12 +31,19 @@ Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
   3. Renews the lease in the background every --ttl/3.
   4. SIGINT and SIGTERM sent to sqllock are forwarded to COMMAND, and sqllock
      waits for it to exit.
-  5. If the lease is lost (it could not be renewed before it expired, or it
-     was ended with "sqllock release --force"), sqllock sends SIGTERM to
-     COMMAND, then SIGKILL after --grace if anything in it still runs, and
-     exits 76. COMMAND runs in its own process group, so both signals reach
-     the processes it started too (forwarded signals go to the group as
-     well, followed by SIGCONT so that a stopped process acts on them).
+  5. COMMAND is not running after the lease's local deadline, whether
+     sqllock is killed, paused, or cut off from the database: a small
+     supervising process (sqllock itself) starts COMMAND in its own process
+     group, learns every renewed local deadline, and SIGKILLs the group at
+     it. While renewals fail it sends SIGTERM first, --grace before the
+     deadline (at most half the TTL; at once if less is left), and at once
+     if sqllock dies. A loss that is already final ("sqllock release
+     --force", a newer token) stops COMMAND at once: SIGTERM, SIGKILL after
+     --grace; only then can COMMAND overlap the next holder. sqllock exits
+     76 when COMMAND was stopped. Signals reach the processes COMMAND
+     started too (forwarded signals go to the group as well, followed by
+     SIGCONT so that a stopped process acts on them); on Linux also those
+     that left the group.
   6. With --log-format json (or text), sqllock writes its own lines to
      stderr as log records, one per line, with the lock's history: acquired
      (key, token, owner, backend, attempts, wait), renewals and attempts
@@ -99,7 +106,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&f.key, "key", "", "the lock's `key` (required)")
 	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
 	durationVar(fs, &f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
-	durationVar(fs, &f.grace, "grace", defaultGrace, "after a lost lease, time between SIGTERM and SIGKILL")
+	durationVar(fs, &f.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL when COMMAND is stopped")
 	f.db.register(fs)
 	f.log.register(fs)
 	if err := e.parse(fs, args); err != nil {
@@ -320,13 +327,16 @@ type tenure struct {
 	env     []string        // the SQLLOCK_* variables for COMMAND
 	ctx     context.Context // ends at a loss (its cause a *sqllock.LostError) or the release
 	release func(context.Context) error
+	// deadline is the local deadline now: the supervisor stops COMMAND
+	// by it, whatever happens to this process.
+	deadline func() time.Time
 }
 
 // guardTenure is run's tenure: the lease of g.
 func guardTenure(g *sqllock.Guard, key string) tenure {
 	lease := g.Lease()
 	return tenure{
-		cmd: "run", key: key, token: lease.Token, ctx: g.Context(), release: g.Release,
+		cmd: "run", key: key, token: lease.Token, ctx: g.Context(), release: g.Release, deadline: g.LocalDeadline,
 		env: []string{
 			"SQLLOCK_KEY=" + key,
 			"SQLLOCK_TOKEN=" + strconv.FormatInt(lease.Token, 10),
@@ -335,140 +345,26 @@ func guardTenure(g *sqllock.Guard, key string) tenure {
 	}
 }
 
-// supervise runs COMMAND under t and returns its exit status as a
-// silentExit (or an error to print): COMMAND's own, or ExitLeaseLost when
-// t was lost while it ran (COMMAND was stopped), or ExitTempFail when t was
-// lost before it started.
-func (e *env) supervise(t tenure, f runFlags, sigs <-chan os.Signal) (retErr error) {
+// releaseTenure releases t once COMMAND has exited (or could not start)
+// and returns run's result: retErr, unless a loss detected only by the
+// release means that COMMAND's work may have overlapped another holder's.
+func (e *env) releaseTenure(t tenure, f runFlags, retErr error, notStarted bool) error {
 	name := "sqllock " + t.cmd
-	notStarted := false // lost before COMMAND started: already reported
-	defer func() {
-		// Release when COMMAND has exited (or could not start). A loss
-		// detected only now still means COMMAND's work may have overlapped.
-		rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-		defer cancel()
-		rerr := t.release(rctx)
-		var s silentExit
-		lostBefore := errors.As(retErr, &s) && int(s) == ExitLeaseLost
-		switch {
-		case rerr == nil || lostBefore || notStarted:
-		case errors.Is(rerr, sqllock.ErrLeaseLost):
-			e.errorf("%s: the lease on %q (token %d) had ended before %s exited: %v; its work may have overlapped another holder's",
-				name, t.key, t.token, f.commandRaw, rerr)
-			retErr = silentExit(ExitLeaseLost)
-		default:
-			e.errorf("%s: release of %q (token %d) failed: %v; the lease expires by itself within %v", name, t.key, t.token, rerr, f.ttl)
-		}
-	}()
-
-	var lost *sqllock.LostError
-	cmd := exec.Command(f.command[0], f.command[1:]...)
-	cmd.Args[0] = f.commandRaw
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = e.stdin, e.stdout, e.stderr
-	cmd.Env = append(e.environ(), t.env...)
-	// Its own process group: a loss stops COMMAND's children too.
-	group := prepareGroup(cmd, e.stdin)
-	if beforeStart != nil {
-		beforeStart()
-	}
-	// Never start COMMAND without the lock: a lease lost since the
-	// acquire (renewals failed, or a forced release) means not run.
-	if errors.As(context.Cause(t.ctx), &lost) {
-		e.errorf("%s: lost the lease on %q (token %d) before %s started: %s; not run",
-			name, t.key, t.token, f.commandRaw, lossReason(lost))
-		notStarted = true
-		return silentExit(ExitTempFail)
-	}
-	// Bounds the copying of non-file stdio after COMMAND exits (a child
-	// that keeps a pipe open); os.File stdio is passed directly.
-	cmd.WaitDelay = f.grace + time.Second
-	if err := cmd.Start(); err != nil {
-		return fail(ExitCannotExec, "start %s: %v", f.commandRaw, err)
-	}
-	group.started(cmd.Process)
-	stopProxy := group.proxyStops()
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-
-	var (
-		graceC   <-chan time.Time
-		killed   bool
-		leaseEnd = t.ctx.Done()
-	)
-	var waitErr error
-loop:
-	for {
-		select {
-		case waitErr = <-exited:
-			break loop
-		case s := <-sigs:
-			if sig, ok := s.(syscall.Signal); ok {
-				_ = group.signal(sig)
-			}
-		case <-leaseEnd:
-			leaseEnd = nil
-			if !errors.As(context.Cause(t.ctx), &lost) {
-				continue // released: only after COMMAND exited
-			}
-			e.errorf("%s: lost the lease on %q (token %d): %s; stopping %s: SIGTERM now, SIGKILL in %v if it still runs",
-				name, t.key, t.token, lossReason(lost), f.commandRaw, f.grace)
-			_ = group.signal(syscall.SIGTERM)
-			grace := time.NewTimer(f.grace)
-			defer grace.Stop()
-			graceC = grace.C
-		case <-graceC:
-			graceC = nil
-			killed = true
-			_ = group.signal(syscall.SIGKILL)
-		}
-	}
-	stopProxy()
-	group.restoreTerminal()
-	status := exitStatus(cmd.ProcessState)
-	if e.log != nil {
-		e.log.Info(name+": command exited", "key", t.key, "token", t.token, "command", f.commandRaw, "status", status)
-	}
-	if lost == nil {
-		if errors.As(context.Cause(t.ctx), &lost) {
-			// Lost at the moment COMMAND exited: its work may have
-			// overlapped another holder's all the same.
-			e.errorf("%s: lost the lease on %q (token %d) as %s exited: %s", name, t.key, t.token, f.commandRaw, lossReason(lost))
-			return silentExit(ExitLeaseLost)
-		}
-		return silentExit(status)
-	}
-	// After a loss, give the rest of the group the same grace, then kill
-	// it; after the grace, kill what may have been forked meanwhile.
+	rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	rerr := t.release(rctx)
+	var s silentExit
+	lostBefore := errors.As(retErr, &s) && int(s) == ExitLeaseLost
 	switch {
-	case graceC != nil:
-		killed = drainGroup(group, graceC) || killed
-	case killed && group.alive():
-		_ = group.signal(syscall.SIGKILL)
+	case rerr == nil || lostBefore || notStarted:
+	case errors.Is(rerr, sqllock.ErrLeaseLost):
+		e.errorf("%s: the lease on %q (token %d) had ended before %s exited: %v; its work may have overlapped another holder's",
+			name, t.key, t.token, f.commandRaw, rerr)
+		return silentExit(ExitLeaseLost)
+	default:
+		e.errorf("%s: release of %q (token %d) failed: %v; the lease expires by itself within %v", name, t.key, t.token, rerr, f.ttl)
 	}
-	how := describeStatus(cmd.ProcessState, waitErr)
-	if killed {
-		how += fmt.Sprintf("; SIGKILL sent after the %v grace", f.grace)
-	}
-	e.errorf("%s: %s was stopped because the lease on %q was lost (%s); exit status %d",
-		name, f.commandRaw, t.key, how, ExitLeaseLost)
-	return silentExit(ExitLeaseLost)
-}
-
-// drainGroup waits, until graceC fires, for the processes left in COMMAND's
-// group to exit, then kills those that remain. It reports whether it had to.
-func drainGroup(group *processGroup, graceC <-chan time.Time) bool {
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if !group.alive() {
-			return false // the group is empty
-		}
-		select {
-		case <-graceC:
-			return group.signal(syscall.SIGKILL) == nil
-		case <-tick.C:
-		}
-	}
+	return retErr
 }
 
 func lossReason(l *sqllock.LostError) string {
@@ -491,30 +387,6 @@ func lossReason(l *sqllock.LostError) string {
 		return s
 	}
 	return l.Error()
-}
-
-// exitStatus is COMMAND's exit status, 128+N if signal N killed it.
-func exitStatus(ps *os.ProcessState) int {
-	if ps == nil {
-		return ExitFailure
-	}
-	if sig, ok := waitSignaled(ps); ok {
-		return exitSignalBase + int(sig)
-	}
-	if code := ps.ExitCode(); code >= 0 {
-		return code
-	}
-	return ExitFailure
-}
-
-func describeStatus(ps *os.ProcessState, waitErr error) string {
-	if ps == nil {
-		return fmt.Sprintf("wait: %v", waitErr)
-	}
-	if sig, ok := waitSignaled(ps); ok {
-		return "it died by " + signalName(sig)
-	}
-	return fmt.Sprintf("it exited with status %d", ps.ExitCode())
 }
 
 func signalName(s syscall.Signal) string {

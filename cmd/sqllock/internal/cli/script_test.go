@@ -31,6 +31,9 @@ import (
 // "sqllock" command (main's exact code path: sqllockMain), and after the
 // tests stops the shared PostgreSQL and checks for leaked goroutines.
 func TestMain(m *testing.M) {
+	if cfg := os.Getenv(envSupervisor); cfg != "" {
+		os.Exit(superviseMain(cfg)) // run's supervisor, started by a test in this process
+	}
 	testscript.Main(leakCheckedMain{m}, map[string]func(){
 		"sqllock": sqllockMain,
 		"exitto":  exittoMain,
