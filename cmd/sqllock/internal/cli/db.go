@@ -367,6 +367,30 @@ func (e *env) openBackend(ctx context.Context, d *database, f dbFlags, maxConns 
 	}
 }
 
+// openReadOnly opens the lock backend for inspection (list, leader): as
+// openBackend does, except that a SQLite file this process cannot write is
+// opened read-only (and not migrated) instead of refused, so that it can be
+// read. A file it can write is opened, and migrated on first use, as
+// always: a lock table not created yet then lists nothing.
+func (e *env) openReadOnly(ctx context.Context, d *database, f dbFlags, maxConns int) (*backend, error) {
+	if d.dialect != migrations.SQLite || f.schema != "" {
+		return e.openBackend(ctx, d, f, maxConns)
+	}
+	if err := d.prepareSQLite(); err != nil {
+		return nil, err
+	}
+	b, err := sqlite.Open(d.path, sqlite.Options{Table: f.table})
+	if errors.Is(err, sqlite.ErrUnusable) {
+		if ro, rerr := sqlite.Open(d.path, sqlite.Options{Table: f.table, ReadOnly: true}); rerr == nil {
+			return &backend{Backend: ro, close: func() { _ = ro.Close() }}, nil
+		}
+	}
+	if err != nil {
+		return nil, e.openError(d, err) // what the read-write open said
+	}
+	return &backend{Backend: b, close: func() { _ = b.Close() }}, nil
+}
+
 // connectPG opens a pool and checks that the server answers, within the
 // connect timeout and ctx's deadline, whichever ends first. For run
 // --wait (e.waitProgress, ctx's deadline the end of the wait), a server that cannot be reached is tried again

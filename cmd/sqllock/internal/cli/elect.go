@@ -313,7 +313,7 @@ func cmdLeader(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	b, err := e.openBackend(ctx, d, db, 2)
+	b, err := e.openReadOnly(ctx, d, db, 2)
 	if err != nil {
 		return err
 	}
