@@ -115,7 +115,8 @@
 //     key is held. Acquire waits it out; TryAcquire returns it.
 //   - [ErrLeaseLost] ([*LostError]: expired, taken by a newer token,
 //     released by someone else (a forced release, with who did it), or
-//     backend unreachable until the local deadline): the lease is gone or
+//     not renewed before the local deadline, whether renewals failed, got
+//     no reply or were never sent, as in a paused process): the lease is gone or
 //     can no longer be trusted. It is the [context.Cause] of a lost Guard,
 //     and Release returns it when the critical section may have overlapped
 //     another holder's, also when a forced release ended the lease after

@@ -105,9 +105,12 @@ const (
 	// LostReleased: the lease was released by someone other than its
 	// holder (a forced release), or its row was removed.
 	LostReleased
-	// LostUnreachable: renewals failed with transient errors until the local
-	// deadline passed; the lease may still exist at the backend, but the
-	// holder can no longer be sure.
+	// LostUnreachable: the local deadline passed without a successful
+	// renewal: renewals failed with transient errors, got no reply in time,
+	// or were not sent at all (the process was paused); the lease may still
+	// exist at the backend, but the holder can no longer be sure. The client
+	// knows only that no renewal succeeded, not why; [LostError.Err] is the
+	// last renewal error, nil when no renewal failed.
 	LostUnreachable
 )
 
@@ -120,7 +123,7 @@ func (r LostReason) String() string {
 	case LostReleased:
 		return "released"
 	case LostUnreachable:
-		return "backend unreachable until the local deadline"
+		return "not renewed before the local deadline"
 	default:
 		return fmt.Sprintf("LostReason(%d)", int(r))
 	}

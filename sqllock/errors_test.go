@@ -73,3 +73,20 @@ func TestNonTTLTimingsHaveTheirOwnError(t *testing.T) {
 		t.Errorf("the bare-number hint is for positive values only: %v", err)
 	}
 }
+
+// TestLostUnreachableSaysWhatTheClientKnows: a lease lost at its local
+// deadline is reported as what the client knows, that no renewal
+// succeeded in time, not as an outage it did not see: a paused process
+// never sent a renewal, and the last error is nil then.
+func TestLostUnreachableSaysWhatTheClientKnows(t *testing.T) {
+	paused := &sqllock.LostError{Key: "k", Token: 3, Reason: sqllock.LostUnreachable}
+	if got, want := paused.Error(), `sqllock: lease lost: "k" token 3 not renewed before the local deadline`; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	if strings.Contains(paused.Error(), "unreachable") {
+		t.Errorf("Error() = %q claims an unreachable backend", paused.Error())
+	}
+	if got := sqllock.LostUnreachable.Name(); got != "unreachable" {
+		t.Errorf("Name() = %q: the stable label changed", got)
+	}
+}

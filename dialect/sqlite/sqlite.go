@@ -140,6 +140,16 @@ type Options struct {
 	// keep it short. [New] refuses it: set it in your own DSN.
 	BusyTimeout time.Duration
 
+	// ReadOnly makes [Open] open the file for reading only (SQLite's
+	// mode=ro, SQLITE_OPEN_READONLY), for inspection: List and what reads
+	// the lock table work on a file this process cannot write, and nothing
+	// is migrated (a file without the lock table reports
+	// [sqllock.ErrSchemaMissing]); every write fails with an error matching
+	// [ErrUnusable]. Without it, Open fails at once, with [ErrUnusable], on
+	// a file it cannot write. [DSN] and [New] refuse it: add mode=ro to
+	// your own DSN.
+	ReadOnly bool
+
 	// RetryTimeout bounds how long one operation retries a busy database
 	// (SQLITE_BUSY, SQLITE_LOCKED) before it returns an error matching
 	// [sqllock.ErrUnavailable]; the caller's context can end it earlier.
@@ -231,6 +241,9 @@ func (o Options) resolve() (Options, error) {
 // ":memory:" are refused (the latter two with [ErrInMemory]), and so is a
 // '?' in the path, which the driver would take for the start of the query.
 func DSN(path string, opts Options) (string, error) {
+	if opts.ReadOnly {
+		return "", errors.New("sqllock/sqlite: DSN: Options.ReadOnly is for Open; add mode=ro to a file: URI yourself")
+	}
 	o, err := opts.resolve()
 	if err != nil {
 		return "", err
@@ -272,6 +285,9 @@ func Open(path string, opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.ReadOnly {
+		name = readOnlyDSN(path, o)
+	}
 	db, err := sql.Open("sqlite", name)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock/sqlite: open %q: %w", path, err)
@@ -287,6 +303,19 @@ func Open(path string, opts Options) (*Backend, error) {
 	// success to the loser of a race once everything is applied).
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
+	if o.ReadOnly {
+		// Reads the schema once, so that a file that is not a database
+		// (or cannot be opened) fails here, as it does without ReadOnly.
+		err = b.retry(ctx, openTimeout, func(ctx context.Context) error {
+			var n int
+			return db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema`).Scan(&n)
+		})
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("sqllock/sqlite: open %q read-only: %w", path, b.translate(err, false))
+		}
+		return b, nil
+	}
 	err = b.retry(ctx, openTimeout, func(ctx context.Context) error {
 		return migrations.Up(ctx, migrations.SQLite, db, migrations.Options{Table: o.Table})
 	})
@@ -294,7 +323,42 @@ func Open(path string, opts Options) (*Backend, error) {
 		db.Close()
 		return nil, fmt.Errorf("sqllock/sqlite: migrate %q: %w", path, b.translate(err, false))
 	}
+	// A file migrated already is only read by the migrations: check that
+	// it can be written, so that a read-only file fails here and not at
+	// the first acquire. Taking the write lock is not enough (in WAL mode
+	// it lives in the -shm file, which may be writable): the check writes
+	// the header's user_version, unchanged, in a transaction it rolls
+	// back. A busy database is one another connection writes: writable.
+	err = func() error { // once: busy is an answer here, not a wait
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		var v int64
+		if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `PRAGMA user_version = `+strconv.FormatInt(v, 10))
+		return err
+	}()
+	if err != nil && !isBusy(err) && errors.Is(b.translate(err, true), ErrUnusable) {
+		db.Close()
+		return nil, fmt.Errorf("sqllock/sqlite: open %q for writing: %w", path, b.translate(err, true))
+	}
 	return b, nil
+}
+
+// readOnlyDSN is the DSN of a read-only Open: a file: URI with mode=ro
+// (the driver passes those to SQLite whole), the busy timeout, and no
+// journal_mode pragma, which would write.
+func readOnlyDSN(path string, o Options) string {
+	ms := (o.BusyTimeout + time.Millisecond - 1) / time.Millisecond
+	escaped := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
+	q := url.Values{}
+	q.Set("mode", "ro")
+	q.Add("_pragma", "busy_timeout("+strconv.FormatInt(int64(ms), 10)+")")
+	return "file:" + escaped + "?" + q.Encode()
 }
 
 // New returns a Backend on an application's database handle, which it never
@@ -315,8 +379,8 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	if db == nil {
 		return nil, errors.New("sqllock/sqlite: New: nil *sql.DB")
 	}
-	if opts.Synchronous != "" || opts.BusyTimeout != 0 {
-		return nil, errors.New("sqllock/sqlite: New: Options.Synchronous and Options.BusyTimeout are DSN settings; build your DSN with sqlite.DSN")
+	if opts.Synchronous != "" || opts.BusyTimeout != 0 || opts.ReadOnly {
+		return nil, errors.New("sqllock/sqlite: New: Options.Synchronous, Options.BusyTimeout and Options.ReadOnly are DSN settings; build your DSN with sqlite.DSN (and mode=ro)")
 	}
 	o, err := opts.resolve()
 	if err != nil {

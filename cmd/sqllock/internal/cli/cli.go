@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -68,6 +70,12 @@ type env struct {
 	// log, when --log-format or --log-level asked for log records, gets
 	// the lock's events and every message errorf would print.
 	log *slog.Logger
+	// quiet (run --quiet) silences the progress lines of a wait;
+	// waitProgress (run --wait) asks for them, and for connecting again
+	// until the wait ends.
+	quiet, waitProgress bool
+	// cmdName is the command running (run, list...), for messages.
+	cmdName string
 }
 
 // Run runs the sqllock command line args (without the program name) and
@@ -134,15 +142,17 @@ Exit statuses (all commands):
   1    the operation failed for another reason
   64   usage error: bad flag, missing --key, invalid key or duration
        (run: --ttl below 1s)
-  69   the database cannot be reached (waiting may heal it)
+  69   the database cannot be reached (waiting may heal it; run --wait
+       keeps trying until the wait ends)
   75   run: not acquired (held by another; --wait elapsed), or the lease
        was lost before the command started; it was not started
+       (run --conflict-exit-code N: N instead)
        leader: no one leads the election
        release: a newer holder appeared in between; nothing released
   76   run: the lease was lost while the command ran; it was stopped
-  78   configuration error: unknown URL scheme, bad URL, lock table
-       missing, SQLite file read-only, not a database or in a missing
-       directory
+  78   configuration error: unknown URL scheme, bad URL, password or
+       user refused, database missing, lock table missing, SQLite file
+       read-only, not a database or in a missing directory
   126  run, elect: the command could not be started
   127  run, elect: the command was not found
   128+N  run, elect: the command died by signal N, or sqllock was
@@ -169,6 +179,9 @@ func (e *env) run(ctx context.Context, args []string) int {
 	}
 	name := args[0]
 	switch name {
+	case "-version", "--version", "version":
+		fmt.Fprintln(e.stdout, versionLine())
+		return ExitOK
 	case "-h", "-help", "--help", "help":
 		if name == "help" && len(args) > 1 {
 			return e.run(ctx, []string{args[1], "--help"})
@@ -178,10 +191,15 @@ func (e *env) run(ctx context.Context, args []string) int {
 	}
 	for _, c := range commands() {
 		if c.name == name {
+			e.cmdName = name
 			return e.finish(name, c.run(ctx, e, args[1:]))
 		}
 	}
-	e.errorf("sqllock: unknown command %q (commands: migrate, run, list, release, bench; see sqllock --help)", name)
+	names := make([]string, 0, len(commands()))
+	for _, c := range commands() {
+		names = append(names, c.name)
+	}
+	e.errorf("sqllock: unknown command %q (commands: %s; see sqllock --help)", name, strings.Join(names, ", "))
 	return ExitUsage
 }
 
@@ -246,6 +264,36 @@ func exitCode(err error) int {
 	return ExitFailure
 }
 
+// versionLine is what --version prints: the module version sqllock was
+// built from ("go install ...@v0.1.0" records it; a build in a clone says
+// "(devel)" and its commit), and the Go version.
+func versionLine() string {
+	v, rev := "(devel)", ""
+	dirty := false
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+	}
+	line := "sqllock " + v
+	if rev != "" && !strings.Contains(v, rev[:min(12, len(rev))]) {
+		line += " (commit " + rev[:min(12, len(rev))]
+		if dirty {
+			line += ", modified"
+		}
+		line += ")"
+	}
+	return line + " " + runtime.Version()
+}
+
 // flagSet returns a FlagSet for one subcommand with the usage text given.
 // It prints nothing itself: parse errors become one line, and --help prints
 // the usage to stdout.
@@ -274,10 +322,36 @@ func (e *env) printUsage(fs *flag.FlagSet) {
 	printFlags(e.stdout, fs)
 }
 
+// hiddenBool is a bool flag that printFlags does not list: accepted where
+// it does nothing.
+type hiddenBool struct{ p *bool }
+
+func (h hiddenBool) String() string {
+	if h.p == nil {
+		return "false"
+	}
+	return strconv.FormatBool(*h.p)
+}
+
+func (h hiddenBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New(flagBadBoolMsg)
+	}
+	*h.p = v
+	return nil
+}
+
+func (hiddenBool) IsBoolFlag() bool { return true }
+
 // printFlags lists fs's flags as the README writes them: --name, its
-// argument, then the usage and any default on an indented line.
+// argument, then the usage and any default on an indented line. Hidden
+// flags are left out.
 func printFlags(w io.Writer, fs *flag.FlagSet) {
 	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := f.Value.(hiddenBool); ok {
+			return
+		}
 		arg, usage := flag.UnquoteUsage(f)
 		if _, ok := f.Value.(*durationValue); ok && arg == "value" {
 			arg = "duration"
@@ -304,8 +378,10 @@ var (
 	flagBadBoolMsg = "parse error"
 )
 
-// flagError rewrites a parse error of the flag package.
-func flagError(err error) string {
+// flagError rewrites a parse error of the flag package. args are the
+// arguments parsed: an unknown flag is named as it was typed (-n stays -n),
+// since the flag package strips its dashes.
+func flagError(err error, args []string) string {
 	msg := err.Error()
 	if m := flagInvalidRE.FindStringSubmatch(msg); m != nil {
 		why := m[3]
@@ -315,6 +391,14 @@ func flagError(err error) string {
 		return fmt.Sprintf("--%s %q: %s", m[2], m[1], why)
 	}
 	if m := flagUnknownRE.FindStringSubmatch(msg); m != nil {
+		for _, a := range args {
+			if a == "--" {
+				break
+			}
+			if name, _, _ := strings.Cut(a, "="); strings.TrimLeft(name, "-") == m[1] && strings.HasPrefix(name, "-") {
+				return "unknown flag " + name
+			}
+		}
 		return "unknown flag --" + m[1]
 	}
 	if m := flagNoValueRE.FindStringSubmatch(msg); m != nil {
@@ -330,7 +414,7 @@ func (e *env) parse(fs *flag.FlagSet, args []string) error {
 			e.printUsage(fs)
 			return err
 		}
-		return fail(ExitUsage, "%s (see %s --help)", flagError(err), fs.Name())
+		return fail(ExitUsage, "%s (see %s --help)", flagError(err, args), fs.Name())
 	}
 	return nil
 }
@@ -405,8 +489,24 @@ func (f *dbFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "database-url", "", "`URL` of the database (default $SQLLOCK_DATABASE_URL, else the embedded SQLite file)")
 	fs.StringVar(&f.table, "table", "", "lock `table` name (default sqllock_locks)")
 	fs.StringVar(&f.schema, "schema", "", "PostgreSQL `schema` of the lock table (default: the search_path)")
-	fs.BoolVar(&f.noNotify, "no-notify", false, "PostgreSQL: do not LISTEN for releases (waiters poll); needed behind PgBouncer in transaction mode")
-	durationVar(fs, &f.connectTimeout, "connect-timeout", 0, "PostgreSQL: how long connecting may take; it also bounds run's single attempt (without --wait) and each statement of list and release (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 5s)")
+	// Each command's help says what --connect-timeout bounds for it, and
+	// only the commands that wait for a release have --no-notify.
+	bounds := ""
+	switch fs.Name() {
+	case "sqllock run":
+		bounds = "; it also bounds the single acquire attempt (without --wait)"
+	case "sqllock list", "sqllock release", "sqllock leader":
+		bounds = "; it also bounds each statement"
+	}
+	switch fs.Name() {
+	case "sqllock run", "sqllock elect", "sqllock bench":
+		fs.BoolVar(&f.noNotify, "no-notify", false, "PostgreSQL: do not LISTEN for releases (waiters poll); needed behind PgBouncer in transaction mode")
+	default:
+		// Accepted (a script may pass the same flags to every command),
+		// but not shown: nothing else waits for a release.
+		fs.Var(hiddenBool{&f.noNotify}, "no-notify", "")
+	}
+	durationVar(fs, &f.connectTimeout, "connect-timeout", 0, "PostgreSQL: how long connecting may take"+bounds+" (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 5s)")
 }
 
 // validate checks --table and --schema before any I/O, by the rules the

@@ -99,29 +99,126 @@ func (e *env) resolveDatabase(flagURL string) (*database, error) {
 		}
 		return &database{dialect: migrations.SQLite, path: rest, display: "sqlite:" + rest}, nil
 	case hasScheme:
-		return nil, fail(ExitConfig, "unsupported database URL scheme %q in %s: want postgres://, postgresql://, host=... (keyword/value), sqlite:PATH or a file path", scheme, redact(raw))
+		return nil, fail(ExitConfig, "unsupported database URL scheme %q in %s: want postgres://, postgresql://, host=... (keyword/value), sqlite:PATH or a file path", scheme, maskConnString(raw))
 	case strings.Contains(raw, "="):
 		if !hasConnKeyword(raw) {
-			return nil, fail(ExitConfig, "database %q is ambiguous: it has \"=\" but names no PostgreSQL connection keyword (host, port, dbname, user, service); write sqlite:%s for a SQLite file of that name", redact(raw), redact(raw))
+			return nil, fail(ExitConfig, "database %q is ambiguous: it has \"=\" but names no PostgreSQL connection keyword (host, port, dbname, user, service); write sqlite:%s for a SQLite file of that name", maskConnString(raw), maskConnString(raw))
 		}
 		return parsePostgres(raw, "keyword/value string")
 	case looksLikePath(raw):
 		return &database{dialect: migrations.SQLite, path: raw, display: "sqlite:" + raw}, nil
 	}
-	return nil, fail(ExitConfig, "database %q is ambiguous: write sqlite:%s (or ./%s) for a SQLite file, or postgres://... or host=... dbname=... for PostgreSQL", raw, raw, raw)
+	m := maskConnString(raw)
+	return nil, fail(ExitConfig, "database %q is ambiguous: write sqlite:%s (or ./%s) for a SQLite file, or postgres://... or host=... dbname=... for PostgreSQL", m, m, m)
 }
 
 // parsePostgres parses a PostgreSQL URL or keyword/value string; what says
-// which, for messages.
+// which, for messages. A string that fails to parse is never echoed with
+// the parser's error, which quotes the text it choked on: that text can be
+// part of a password whose special characters moved the parser's
+// boundaries (an unencoded '@', '/', '?' or '#'). The message shows the
+// string masked by mask, and the parser's error on the masked string.
 func parsePostgres(raw, what string) (*database, error) {
+	display := maskConnString(raw)
+	if what == "URL" {
+		if err := checkUserinfo(raw); err != nil {
+			return nil, fail(ExitConfig, "bad PostgreSQL URL %s: %v", display, err)
+		}
+	}
 	cfg, err := pgxpool.ParseConfig(raw)
 	if err != nil {
-		return nil, fail(ExitConfig, "bad PostgreSQL %s %s: %v", what, redact(raw), err)
+		why := "the password is not written as the form needs it"
+		if what == "URL" {
+			why += ": percent-encode it (@ %40, : %3A, / %2F, ? %3F, # %23, % %25, space %20)"
+		} else {
+			why += ": put it in single quotes, with \\' for a quote and \\\\ for a backslash"
+		}
+		if _, merr := pgxpool.ParseConfig(display); merr != nil {
+			why = redact(merr.Error())
+		}
+		return nil, fail(ExitConfig, "bad PostgreSQL %s %s: %s", what, display, why)
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
 	}
-	return &database{dialect: migrations.Postgres, pg: cfg, display: redact(raw)}, nil
+	return &database{dialect: migrations.Postgres, pg: cfg, display: display}, nil
+}
+
+// userinfoCharsRE matches user info that every URL parser reads the same
+// way (RFC 3986: unreserved, sub-delims, ':' and percent-encodings).
+var userinfoCharsRE = regexp.MustCompile(`^(?:[A-Za-z0-9._~!$&'()*+,;=:-]|%[0-9A-Fa-f]{2})*$`)
+
+// checkUserinfo refuses a URL whose user info, read up to the last '@' (as
+// the redaction reads it), holds a character that must be percent-encoded:
+// a parser stops the authority at the first '/', '?' or '#' instead, and
+// then takes part of the password for the host, port, database or a
+// parameter, and prints it in its errors. It says what to write instead,
+// never what it found.
+func checkUserinfo(raw string) error {
+	start := strings.Index(raw, "://")
+	if start < 0 {
+		return nil
+	}
+	start += len("://")
+	at := strings.LastIndex(raw[start:], "@")
+	if at < 0 {
+		return nil
+	}
+	if !userinfoCharsRE.MatchString(raw[start : start+at]) {
+		return errors.New("the user name or password has a character that must be percent-encoded (@ %40, / %2F, ? %3F, # %23, % %25, space %20; and : %3A in the user name), also an '@' elsewhere in the URL")
+	}
+	return nil
+}
+
+// kvPasswordRE matches the value of password=... (and sslpassword=...) in a
+// keyword/value string: quoted (to the closing quote, or the end), or
+// unquoted up to the next keyword=, so that an unquoted password with a
+// space is masked whole.
+var kvPasswordRE = regexp.MustCompile(`(?i)((?:^|\s)(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|.*?)(\s+[a-z_]+\s*=|$)`)
+
+// queryPasswordRE matches the value of password=... (and sslpassword=...)
+// in a URL query, up to the next &name= (so that an unencoded '&' or '#'
+// in it does not leave its second part shown) or the end.
+var queryPasswordRE = regexp.MustCompile(`(?i)([?&](?:ssl)?password=)(.*?)(&[a-z_]+=|$)`)
+
+// maskConnString returns raw, a database URL or keyword/value string as the
+// user gave it, with every character that may belong to a password
+// replaced: in a URL the password parameters' values, then everything between the user name and the last '@'
+// (all the user info if the user name holds a character that must be
+// encoded; all that precedes the last '@' when there is no "//"); in a
+// keyword/value string the password values. It reads raw alone, never a parser's
+// result, so that a malformed string is masked as well as a valid one.
+func maskConnString(raw string) string {
+	if _, rest, ok := splitScheme(raw); ok {
+		prefix := raw[:len(raw)-len(rest)]
+		// First the query's password values (which may hold an '@'),
+		// then the user info up to the last '@' that remains.
+		rest = queryPasswordRE.ReplaceAllString(rest, "${1}xxxxx${3}")
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			userinfo := rest[:at]
+			masked := "xxxxx"
+			if strings.HasPrefix(userinfo, "//") {
+				user, _, hasPassword := strings.Cut(userinfo[2:], ":")
+				switch {
+				case !userinfoCharsRE.MatchString(user) || strings.Contains(user, ":"):
+					masked = "//xxxxx"
+				case hasPassword:
+					masked = "//" + user + ":xxxxx"
+				default:
+					masked = "//" + user
+				}
+			}
+			rest = masked + rest[at:]
+		}
+		return redact(prefix + rest)
+	}
+	if strings.Contains(raw, "=") {
+		return redact(kvPasswordRE.ReplaceAllString(raw, "${1}xxxxx${3}"))
+	}
+	if at := strings.LastIndex(raw, "@"); at >= 0 {
+		return "xxxxx" + raw[at:]
+	}
+	return raw
 }
 
 // connKeywordRE finds the libpq keywords that make a string a connection
@@ -270,9 +367,83 @@ func (e *env) openBackend(ctx context.Context, d *database, f dbFlags, maxConns 
 	}
 }
 
+// openReadOnly opens the lock backend for inspection (list, leader): as
+// openBackend does, except that a SQLite file this process cannot write is
+// opened read-only (and not migrated) instead of refused, so that it can be
+// read. A file it can write is opened, and migrated on first use, as
+// always: a lock table not created yet then lists nothing.
+func (e *env) openReadOnly(ctx context.Context, d *database, f dbFlags, maxConns int) (*backend, error) {
+	if d.dialect != migrations.SQLite || f.schema != "" {
+		return e.openBackend(ctx, d, f, maxConns)
+	}
+	if err := d.prepareSQLite(); err != nil {
+		return nil, err
+	}
+	b, err := sqlite.Open(d.path, sqlite.Options{Table: f.table})
+	if errors.Is(err, sqlite.ErrUnusable) {
+		if ro, rerr := sqlite.Open(d.path, sqlite.Options{Table: f.table, ReadOnly: true}); rerr == nil {
+			return &backend{Backend: ro, close: func() { _ = ro.Close() }}, nil
+		}
+	}
+	if err != nil {
+		return nil, e.openError(d, err) // what the read-write open said
+	}
+	return &backend{Backend: b, close: func() { _ = b.Close() }}, nil
+}
+
 // connectPG opens a pool and checks that the server answers, within the
-// connect timeout and ctx's deadline, whichever ends first.
+// connect timeout and ctx's deadline, whichever ends first. For run
+// --wait (e.waitProgress, ctx's deadline the end of the wait), a server that cannot be reached is tried again
+// with backoff until the deadline: the wait is spent waiting for the
+// database as well as for the lock. A server that refuses the credentials
+// or does not have the database fails at once, as a configuration error.
 func (e *env) connectPG(ctx context.Context, d *database, maxConns int) (*pgxpool.Pool, error) {
+	_, hasDeadline := ctx.Deadline()
+	retry := e.waitProgress && hasDeadline
+	start := time.Now()
+	var printed time.Time
+	for attempt := 1; ; attempt++ {
+		pool, err := e.connectPGOnce(ctx, d, maxConns)
+		var xe *exitError
+		if err == nil || !retry || !errors.As(err, &xe) || xe.code != ExitUnavailable {
+			return pool, err
+		}
+		pause := sqllock.DefaultBackoff(attempt) * 20 // about 0.1s, doubling, up to 5s
+		dl, _ := ctx.Deadline()
+		if time.Until(dl) <= pause {
+			// The wait is over (or will be before the next attempt):
+			// what it found, and for how long it tried.
+			if wait := time.Until(dl); wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				t.Stop()
+			}
+			if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, ctx.Err() // interrupted
+			}
+			return nil, fail(ExitUnavailable, "%v; gave up after trying for %v (%d attempts, --wait)", xe.err, time.Since(start).Round(100*time.Millisecond), attempt)
+		}
+		if attempt == 1 || time.Since(printed) >= progressEvery {
+			e.progressf("sqllock %s: %v; trying again until the --wait ends", e.cmdName, xe.err)
+			printed = time.Now()
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// connectPGOnce is one attempt of connectPG.
+func (e *env) connectPGOnce(ctx context.Context, d *database, maxConns int) (*pgxpool.Pool, error) {
 	cfg := d.pg.Copy()
 	if maxConns > 0 {
 		cfg.MaxConns = int32(maxConns)
@@ -292,6 +463,10 @@ func (e *env) connectPG(ctx context.Context, d *database, maxConns int) (*pgxpoo
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return nil, ctx.Err() // interrupted
 		}
+		if code, what := refusedConfig(err); code != "" {
+			return nil, fail(ExitConfig, "PostgreSQL at %s refused the connection: %s (SQLSTATE %s): %s; waiting will not change that: check the URL, the PG* variables and ~/.pgpass",
+				d.display, what, code, connectErrorText(err))
+		}
 		if pctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
 			return nil, fail(ExitUnavailable, "cannot reach PostgreSQL at %s: no answer within %v (%s)",
 				d.display, bound.Round(100*time.Millisecond), why)
@@ -299,6 +474,25 @@ func (e *env) connectPG(ctx context.Context, d *database, maxConns int) (*pgxpoo
 		return nil, fail(ExitUnavailable, "cannot reach PostgreSQL at %s: %s (check the URL, the PG* variables and that the server is up)", d.display, connectErrorText(err))
 	}
 	return pool, nil
+}
+
+// refusedConfig reports the SQLSTATE and its meaning when the server
+// answered a connection with an error that only a change of configuration
+// mends: the credentials refused, the database missing.
+func refusedConfig(err error) (code, what string) {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return "", ""
+	}
+	switch pe.Code {
+	case "28P01":
+		return pe.Code, "wrong password"
+	case "28000":
+		return pe.Code, "the user may not connect (pg_hba.conf, or no such role)"
+	case "3D000":
+		return pe.Code, "the database does not exist"
+	}
+	return "", ""
 }
 
 // connectErrorText is pgx's connect error without its repetitions: pgx

@@ -71,11 +71,14 @@
 //	         invalid key, duration or table name, --force missing, run
 //	         --ttl below 1s
 //	69       [ExitUnavailable] (EX_UNAVAILABLE): the database cannot be
-//	         reached, or stayed busy; waiting may heal it
+//	         reached, or stayed busy; waiting may heal it (run --wait
+//	         keeps trying to connect, with backoff, until the wait ends)
 //	75       [ExitTempFail] (EX_TEMPFAIL): run: not acquired (held by another,
 //	         or --wait elapsed), or the lease was lost before the command
 //	         started, so it was not started; release: a newer holder took the key between
 //	         reading and releasing, and was left alone. Retrying may succeed.
+//	         run --conflict-exit-code N makes "not acquired" N: a command
+//	         that exits 75 itself cannot be told from it otherwise.
 //	76       [ExitLeaseLost] (EX_PROTOCOL): run: the lease was lost while the
 //	         command ran, and the command was stopped. sysexits.h has no code
 //	         for "lost"; 76 ("remote error in protocol") is the closest, the
@@ -84,6 +87,8 @@
 //	         own small statuses. It wins over the command's own status: the
 //	         command's work may have overlapped another holder's.
 //	78       [ExitConfig] (EX_CONFIG): unknown URL scheme, unparsable URL,
+//	         a password or user the server refused (28P01, 28000), a
+//	         database that does not exist (3D000),
 //	         the lock table is missing (PostgreSQL: run `sqllock migrate up`),
 //	         settings that do not work through a pooler in transaction mode
 //	         (PgBouncer: add default_query_exec_mode=exec to the URL and pass

@@ -52,6 +52,8 @@ with "sqllock run": each term's lease history, and elect's own progress
 
 Exit status: COMMAND's own (128+N if it died by signal N), except
   64   usage error; 69 database unreachable; 78 configuration error
+  (A COMMAND that exits 75 or 76 by itself while its term is held ends
+  elect with that status; only a term really lost starts a new campaign.)
   126  COMMAND could not be started; 127 COMMAND not found
   128+N  interrupted by signal N while campaigning; COMMAND was not started
 
@@ -85,6 +87,7 @@ type electFlags struct {
 
 func cmdElect(ctx context.Context, e *env, args []string) error {
 	var f electFlags
+	f.conflictCode = ExitTempFail // a term lost before COMMAND started: campaign again
 	fs := e.flagSet("elect", electUsage)
 	fs.StringVar(&f.name, "name", "", "the election's `name` (required)")
 	fs.StringVar(&f.value, "value", "", "a `value` published with each term (at most 4096 bytes)")
@@ -155,9 +158,19 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		term := l.Term()
+		// releaseLost: the release found the term lost (a forced release
+		// after the last renewal): lost all the same.
+		var releaseLost error
+		resign := func(ctx context.Context) error {
+			err := l.Resign(ctx)
+			if errors.Is(err, sqllock.ErrLeaseLost) {
+				releaseLost = err
+			}
+			return err
+		}
 		e.notef(slog.LevelInfo, "sqllock elect: leading %q (term %d); starting %s", f.name, term.Token, f.commandRaw)
 		t := tenure{
-			cmd: "elect", key: f.key, token: term.Token, ctx: l.Context(), release: l.Resign, deadline: l.LocalDeadline,
+			cmd: "elect", key: f.key, token: term.Token, ctx: l.Context(), release: resign, deadline: l.LocalDeadline,
 			env: []string{
 				"SQLLOCK_ELECTION=" + f.name,
 				"SQLLOCK_TERM=" + strconv.FormatInt(term.Token, 10),
@@ -168,11 +181,15 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 		}
 		err = e.supervise(t, f.runFlags, sigs)
 		var s silentExit
-		if !errors.As(err, &s) || (int(s) != ExitLeaseLost && int(s) != ExitTempFail) || ctx.Err() != nil {
-			return err // COMMAND ended by itself (or could not start): its status
+		var termLost *sqllock.LostError
+		if !errors.As(err, &s) || (int(s) != ExitLeaseLost && int(s) != ExitTempFail) || ctx.Err() != nil ||
+			(!errors.As(context.Cause(t.ctx), &termLost) && !errors.As(releaseLost, &termLost)) {
+			// COMMAND ended by itself (or could not start): its status,
+			// also a 75 or 76 of its own while the term was still held.
+			return err
 		}
 		lost++
-		e.notef(slog.LevelWarn, "sqllock elect: term %d of %q ended; campaigning again", term.Token, f.name)
+		e.notef(slog.LevelWarn, "sqllock elect: lost term %d of %q (%s); campaigning again", term.Token, f.name, lossReason(termLost))
 	}
 }
 
@@ -297,7 +314,7 @@ func cmdLeader(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	b, err := e.openBackend(ctx, d, db, 2)
+	b, err := e.openReadOnly(ctx, d, db, 2)
 	if err != nil {
 		return err
 	}

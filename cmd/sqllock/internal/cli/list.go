@@ -93,7 +93,7 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	b, err := e.openBackend(ctx, d, db, 2)
+	b, err := e.openReadOnly(ctx, d, db, 2)
 	if err != nil {
 		return err
 	}

@@ -48,19 +48,23 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 	fs.BoolVar(&force, "force", false, "allow down, which drops the token history")
 	fs.StringVar(&dialect, "dialect", "", "for sql: postgres or sqlite (default: from the database URL)")
 	db.register(fs)
-	// Accept flags before and after the action: migrate up --table x.
-	if err := e.parse(fs, args); err != nil {
-		return err
+	// Accept flags before, between and after the words: migrate up
+	// --table x, migrate sql down --dialect postgres.
+	var words []string
+	for rest := args; ; {
+		if err := e.parse(fs, rest); err != nil {
+			return err
+		}
+		rest = fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		words, rest = append(words, rest[0]), rest[1:]
 	}
-	rest := fs.Args()
-	if len(rest) == 0 {
+	if len(words) == 0 {
 		return fail(ExitUsage, "missing action: up, down, status or sql (see sqllock migrate --help)")
 	}
-	action := rest[0]
-	if err := e.parse(fs, rest[1:]); err != nil {
-		return err
-	}
-	rest = fs.Args()
+	action, rest := words[0], words[1:]
 	opts := migrations.Options{Schema: db.schema, Table: db.table}
 
 	if action == "sql" {

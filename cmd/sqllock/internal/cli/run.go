@@ -59,12 +59,18 @@ Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
 Exit status: COMMAND's own (128+N if it died by signal N), except
   75   not acquired: KEY is held by another (or --wait elapsed), or the
        lease was lost before COMMAND started; COMMAND was not started
+       (--conflict-exit-code N: N instead)
   76   the lease was lost while COMMAND ran; COMMAND was stopped (this wins
        over COMMAND's own status: its work may have overlapped another
        holder's)
-  64   usage error; 69 database unreachable; 78 configuration error: lock
-       table missing (PostgreSQL: run "sqllock migrate up"), or a SQLite
-       file that is read-only, not a database or in a missing directory
+  64   usage error; 69 database unreachable (with --wait, only once the
+       wait is spent trying to connect); 78 configuration error: bad URL,
+       password or user refused, database missing, lock table missing
+       (PostgreSQL: run "sqllock migrate up"), or a SQLite file that is
+       read-only, not a database or in a missing directory
+  A COMMAND that exits 75 or 76 itself looks like these: choose a
+  --conflict-exit-code that COMMAND never uses (like flock -E), and tell a
+  loss by sqllock's own message on stderr (or --log-format json).
   126  COMMAND could not be started; 127 COMMAND not found
 
 Examples:
@@ -98,6 +104,9 @@ type runFlags struct {
 	// attemptTimeout bounds the single acquire attempt of --wait 0 (0: no
 	// bound).
 	attemptTimeout time.Duration
+	// conflictCode is the exit status for "not acquired"
+	// (--conflict-exit-code).
+	conflictCode int
 }
 
 func cmdRun(ctx context.Context, e *env, args []string) error {
@@ -107,6 +116,8 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
 	durationVar(fs, &f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
 	durationVar(fs, &f.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL when COMMAND is stopped")
+	fs.IntVar(&f.conflictCode, "conflict-exit-code", ExitTempFail, "exit status when the lock is not acquired (0 to 255), to tell it from a COMMAND that exits 75 itself")
+	fs.BoolVar(&e.quiet, "quiet", false, "with --wait, do not print who holds the key while waiting")
 	f.db.register(fs)
 	f.log.register(fs)
 	if err := e.parse(fs, args); err != nil {
@@ -136,6 +147,9 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 	}
+	if err := checkConflictCode(f.conflictCode); err != nil {
+		return err
+	}
 	if err := f.resolveCommand(); err != nil {
 		return err
 	}
@@ -160,6 +174,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	} else if d.pg != nil {
 		f.attemptTimeout = d.pg.ConnConfig.ConnectTimeout
 	}
+	e.waitProgress = f.wait > 0
 	b, err := e.openBackend(openCtx, d, f.db, 4)
 	cancelOpen()
 	if err != nil {
@@ -169,7 +184,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 		f.waitLeft = max(time.Until(start.Add(f.wait)), time.Millisecond)
 	}
 	defer b.close()
-	client, err := sqllock.New(b, e.clientOptions(f.ttl, d))
+	client, err := sqllock.New(b, e.withWaitProgress(e.clientOptions(f.ttl, d)))
 	if err != nil {
 		return fail(ExitUsage, "%v", err)
 	}
@@ -304,11 +319,11 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 			} else {
 				msg += fmt.Sprintf("; gave up after waiting %v", f.wait)
 			}
-			return nil, fail(ExitTempFail, "%s", msg)
+			return nil, fail(f.conflictCode, "%s", msg)
 		}
 		if errors.Is(err, sqllock.ErrLeaseLost) {
 			// Granted, but over before it could be used: as not acquired.
-			return nil, fail(ExitTempFail, "acquire %q: the lease ended before %s could start (%v); not run", f.key, f.commandRaw, err)
+			return nil, fail(f.conflictCode, "acquire %q: the lease ended before %s could start (%v); not run", f.key, f.commandRaw, err)
 		}
 		if strings.Contains(err.Error(), fmt.Sprintf("acquire %q", f.key)) {
 			return nil, err // the backend named the operation already
@@ -380,9 +395,13 @@ func lossReason(l *sqllock.LostError) string {
 	case sqllock.LostExpired:
 		return "it expired before it could be renewed"
 	case sqllock.LostUnreachable:
-		s := "the database could not be reached to renew it before it expired"
+		// What the client knows: no renewal succeeded in time. Why is
+		// known only when a renewal failed.
+		s := "its local deadline passed without a successful renewal"
 		if l.Err != nil {
-			s += fmt.Sprintf(" (%v)", l.Err)
+			s += fmt.Sprintf(" (the last renewal failed: %v)", l.Err)
+		} else {
+			s += " (no renewal got an answer in time: the database did not reply, or sqllock was paused)"
 		}
 		return s
 	}

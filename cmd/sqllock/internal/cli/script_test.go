@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/rogpeppe/go-internal/testscript"
@@ -160,6 +161,7 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 			"stallproxy": cmdStallproxy,
 			"kvdsn":      cmdKVDSN,
 			"pgbouncer":  cmdPgBouncer,
+			"refusingpg": cmdRefusingPG,
 		},
 	}
 }
@@ -167,21 +169,26 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 // scriptT is the key of the script's testscript.T in Env.Values.
 type scriptT struct{}
 
-// exitcode [-within D] N program args...: runs program like exec, and
-// requires its exit status to be N (and, with -within, that it took at most
-// D). stdout and stderr are kept for the next stdout/stderr
+// exitcode [-within D] [-after D] N program args...: runs program like
+// exec, and requires its exit status to be N (and, with -within, that it
+// took at most D; with -after, at least D). stdout and stderr are kept for the next stdout/stderr
 // commands.
 func cmdExitcode(ts *testscript.TestScript, neg bool, args []string) {
-	within := time.Duration(0)
-	if len(args) >= 2 && args[0] == "-within" {
+	within, after := time.Duration(0), time.Duration(0)
+	for len(args) >= 2 && (args[0] == "-within" || args[0] == "-after") {
 		d, err := time.ParseDuration(args[1])
 		if err != nil {
 			ts.Fatalf("exitcode: %v", err)
 		}
-		within, args = d, args[2:]
+		if args[0] == "-within" {
+			within = d
+		} else {
+			after = d
+		}
+		args = args[2:]
 	}
 	if neg || len(args) < 2 {
-		ts.Fatalf("usage: exitcode [-within D] N program [args...]")
+		ts.Fatalf("usage: exitcode [-within D] [-after D] N program [args...]")
 	}
 	want, err := strconv.Atoi(args[0])
 	if err != nil {
@@ -191,6 +198,9 @@ func cmdExitcode(ts *testscript.TestScript, neg bool, args []string) {
 	err = ts.Exec(args[1], args[2:]...)
 	if took := time.Since(start); within > 0 && took > within {
 		ts.Fatalf("exitcode: %s took %v, more than %v", args[1], took.Round(time.Millisecond), within)
+	}
+	if took := time.Since(start); took < after {
+		ts.Fatalf("exitcode: %s took %v, less than %v", args[1], took.Round(time.Millisecond), after)
 	}
 	got := 0
 	var ee *exec.ExitError
@@ -396,4 +406,52 @@ func cmdPgBouncer(ts *testscript.TestScript, neg bool, args []string) {
 	defer db.Close()
 	ts.Check(migrations.Up(ctx, migrations.Postgres, db, migrations.Options{}))
 	ts.Setenv(args[0], b.URL)
+}
+
+// refusingpg VAR SQLSTATE MESSAGE: listens on a local TCP port as a
+// PostgreSQL server that answers every connection's startup with an error
+// of that SQLSTATE (28P01 for a wrong password, 3D000 for a missing
+// database), and sets $VAR to its host:port. It stops when the script ends.
+func cmdRefusingPG(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 3 {
+		ts.Fatalf("usage: refusingpg VAR SQLSTATE MESSAGE")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ts.Check(err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				b := pgproto3.NewBackend(c, c)
+				for {
+					m, err := b.ReceiveStartupMessage()
+					if err != nil {
+						return
+					}
+					switch m.(type) {
+					case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
+						if _, err := c.Write([]byte("N")); err != nil {
+							return
+						}
+						continue
+					}
+					b.Send(&pgproto3.ErrorResponse{Severity: "FATAL", Code: args[1], Message: args[2]})
+					_ = b.Flush()
+					return
+				}
+			}()
+		}
+	}()
+	ts.Defer(func() {
+		_ = ln.Close()
+		<-done
+	})
+	ts.Setenv(args[0], ln.Addr().String())
 }

@@ -163,7 +163,7 @@ func (e *env) supervise(t tenure, f runFlags, sigs <-chan os.Signal) (retErr err
 		e.errorf("%s: lost the lease on %q (token %d) before %s started: %s; not run",
 			name, t.key, t.token, f.commandRaw, lossReason(lost))
 		notStarted = true
-		return silentExit(ExitTempFail)
+		return silentExit(f.conflictCode)
 	}
 	s, err := e.startSupervisor(t, f)
 	if err != nil {
@@ -180,7 +180,7 @@ func (e *env) supervise(t tenure, f runFlags, sigs <-chan os.Signal) (retErr err
 		e.errorf("%s: the lease on %q (token %d) had reached its local deadline before %s started; not run",
 			name, t.key, t.token, f.commandRaw)
 		notStarted = true
-		return silentExit(ExitTempFail)
+		return silentExit(f.conflictCode)
 	case s.startErr != "":
 		return fail(ExitCannotExec, "start %s: %s", f.commandRaw, s.startErr)
 	case !s.exited:
@@ -282,7 +282,7 @@ func (e *env) commandOutcome(s *supervised, t tenure, f runFlags, lost *sqllock.
 	if lost == nil {
 		why = "could not be renewed in time"
 	}
-	e.errorf("%s: %s was stopped because the lease on %q %s (%s); exit status %d",
-		name, f.commandRaw, t.key, why, how, ExitLeaseLost)
+	e.errorf("%s: %s was stopped because the lease on %q %s (%s)%s",
+		name, f.commandRaw, t.key, why, how, t.afterLoss())
 	return silentExit(ExitLeaseLost)
 }
