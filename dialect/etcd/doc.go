@@ -66,9 +66,10 @@
 // The check comes after the keep-alive, not before, because of an etcd
 // server bug: a keep-alive racing the revocation of an expired lease can
 // be answered with a positive TTL after the lease's keys were deleted
-// (etcd-io/etcd#20547, fixed by etcd-io/etcd#20590). Servers from etcd
-// 3.4.38, 3.5.23 and 3.6.5 on have the fix; every earlier release lacks
-// it, Debian's 3.4.23 included. On such a server a check made before the
+// (etcd-io/etcd#20547, fixed by etcd-io/etcd#20590 and backported to the
+// 3.4, 3.5 and 3.6 branches in 2025: check your release's changelog for
+// it). Every release before those backports lacks it, Debian's 3.4.23
+// included. On such a server a check made before the
 // keep-alive could pass, the key be deleted, another process be granted
 // it, and the keep-alive still answer: two holders. The read after the
 // keep-alive sees the deletion, so the backend is safe on both kinds of
