@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -13,10 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/testkit/faultproxy"
 	"github.com/ashlock/ashlock/internal/testkit/pgtest"
 	"github.com/ashlock/ashlock/sqllock"
 	"github.com/ashlock/ashlock/sqllock/backendtest"
@@ -382,21 +379,7 @@ func TestGroupCommitInFlightCancel(t *testing.T) {
 func TestGroupCommitLostReply(t *testing.T) {
 	t.Parallel()
 	bundle := newBundle(t, Options{})
-	cfg, err := pgxpool.ParseConfig(bundle.db.URL)
-	require.NoError(t, err)
-	proxy, err := faultproxy.New(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	require.NoError(t, err)
-	t.Cleanup(func() { proxy.Close() })
-	pool := newPool(t, bundle, func(cfg *pgxpool.Config) {
-		host, port, _ := net.SplitHostPort(proxy.Addr())
-		p, _ := strconv.Atoi(port)
-		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-		cfg.ConnConfig.Fallbacks = nil
-		cfg.ConnConfig.TLSConfig = nil
-	})
-	b, err := New(pool, Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { b.Close() })
+	b, proxy := proxied(t, bundle, 0)
 	ctx := testCtx(t)
 	acquireOK(t, b, "warm", "o", time.Minute) // the pooler check and a first connection
 

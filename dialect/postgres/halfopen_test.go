@@ -14,9 +14,10 @@ import (
 )
 
 // proxied is a Backend on bundle's schema through a fault proxy of its
-// own; the proxy is closed before the pool, so that the pool's half-open
-// connections end at once.
-func proxied(t *testing.T, bundle *testBundle) (*Backend, *faultproxy.Proxy) {
+// own, on a pool of maxConns connections (0: pgx's default); the proxy is
+// closed before the pool, so that the pool's half-open connections end at
+// once.
+func proxied(t *testing.T, bundle *testBundle, maxConns int32) (*Backend, *faultproxy.Proxy) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(bundle.db.URL)
 	require.NoError(t, err)
@@ -28,7 +29,9 @@ func proxied(t *testing.T, bundle *testBundle) (*Backend, *faultproxy.Proxy) {
 		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
 		cfg.ConnConfig.Fallbacks = nil
 		cfg.ConnConfig.TLSConfig = nil
-		cfg.MaxConns = 2
+		if maxConns > 0 {
+			cfg.MaxConns = maxConns
+		}
 	})
 	t.Cleanup(func() { proxy.Close() })
 	b, err := New(pool, Options{})
@@ -47,7 +50,7 @@ func proxied(t *testing.T, bundle *testBundle) (*Backend, *faultproxy.Proxy) {
 func TestListenerReplacesHalfOpenConnection(t *testing.T) {
 	t.Parallel()
 	bundle := newBundle(t, Options{})
-	b, proxy := proxied(t, bundle)
+	b, proxy := proxied(t, bundle, 2)
 	b.listenIdle, b.listenPing = 300*time.Millisecond, 300*time.Millisecond
 	ch, stop := b.Watch("k")
 	defer stop()

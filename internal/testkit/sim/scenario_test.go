@@ -157,36 +157,27 @@ func TestSimMany(t *testing.T) {
 		n = 1
 	}
 	var failed atomic.Int32
-	t.Run("seeds", func(t *testing.T) {
-		for s := range shards {
-			t.Run(fmt.Sprintf("shard=%d", s), func(t *testing.T) {
-				t.Parallel()
-				for _, seed := range seedList(t, n) {
-					if seed%shards != uint64(s) && n > 1 {
-						continue
-					}
-					if failed.Load() > 3 {
-						return
-					}
-					res, rep, model, info, wall := runSeed(t, sim.Config{Seed: seed, Scenario: sim.Many})
-					f.add(res, rep, wall)
-					bf := countBatches(res.History)
-					mu.Lock()
-					total.batches += bf.batches
-					total.multi += bf.multi
-					total.mixed += bf.mixed
-					total.keyTwice += bf.keyTwice
-					total.racingReleases += bf.racingReleases
-					total.lostReplies += bf.lostReplies
-					total.hung += bf.hung
-					mu.Unlock()
-					if rep.Anomalies() > 0 {
-						failed.Add(1)
-						failSeed(t, "TestSimMany", res, rep, model, info)
-					}
-				}
-			})
+	shardSeeds(t, n, func(t *testing.T, seed uint64) bool {
+		if failed.Load() > 3 {
+			return false
 		}
+		res, rep, model, info, wall := runSeed(t, sim.Config{Seed: seed, Scenario: sim.Many})
+		f.add(res, rep, wall)
+		bf := countBatches(res.History)
+		mu.Lock()
+		total.batches += bf.batches
+		total.multi += bf.multi
+		total.mixed += bf.mixed
+		total.keyTwice += bf.keyTwice
+		total.racingReleases += bf.racingReleases
+		total.lostReplies += bf.lostReplies
+		total.hung += bf.hung
+		mu.Unlock()
+		if rep.Anomalies() > 0 {
+			failed.Add(1)
+			failSeed(t, "TestSimMany", res, rep, model, info)
+		}
+		return true
 	})
 	f.extra = append(f.extra, fmt.Sprintf("batches={renewals:%d, multi_lease:%d, mixed_outcomes:%d, key_twice:%d, reply_lost:%d, hung:%d} releases_racing_a_batch=%d",
 		total.batches, total.multi, total.mixed, total.keyTwice, total.lostReplies, total.hung, total.racingReleases))
@@ -200,6 +191,27 @@ func TestSimMany(t *testing.T) {
 		require.Positive(t, total.lostReplies, "no multi-lease batch lost its reply")
 		require.Positive(t, total.hung, "no multi-lease batch hung")
 	}
+}
+
+// shardSeeds runs each of the seeds 0..n-1 (or SIM_SEED alone) through
+// run, in shards that run in parallel, each seed in order within its
+// shard; a shard stops when run returns false.
+func shardSeeds(t *testing.T, n int, run func(t *testing.T, seed uint64) bool) {
+	t.Run("seeds", func(t *testing.T) {
+		for s := range shards {
+			t.Run(fmt.Sprintf("shard=%d", s), func(t *testing.T) {
+				t.Parallel()
+				for _, seed := range seedList(t, n) {
+					if seed%shards != uint64(s) && n > 1 {
+						continue
+					}
+					if !run(t, seed) {
+						return
+					}
+				}
+			})
+		}
+	})
 }
 
 // lostGuards counts the guards of h that ended lost, by cause.
@@ -221,30 +233,21 @@ func runStuck(t *testing.T, n int) (f *figures, hung, lost int, firstLost string
 	f = newFigures()
 	var mu sync.Mutex
 	firstSeed := uint64(1<<64 - 1)
-	t.Run("seeds", func(t *testing.T) {
-		for s := range shards {
-			t.Run(fmt.Sprintf("shard=%d", s), func(t *testing.T) {
-				t.Parallel()
-				for _, seed := range seedList(t, n) {
-					if seed%shards != uint64(s) && n > 1 {
-						continue
-					}
-					res, rep, model, info, wall := runSeed(t, sim.Config{Seed: seed, Scenario: sim.Stuck})
-					f.add(res, rep, wall)
-					if rep.Anomalies() > 0 {
-						failSeed(t, "TestSimStuckCalls", res, rep, model, info)
-					}
-					l, why := lostGuards(res.History)
-					mu.Lock()
-					hung += int(res.Counts[faultbackend.Hang])
-					lost += l
-					if l > 0 && seed < firstSeed {
-						firstSeed, firstLost = seed, fmt.Sprintf("SIM_SEED=%d: %s", seed, why)
-					}
-					mu.Unlock()
-				}
-			})
+	shardSeeds(t, n, func(t *testing.T, seed uint64) bool {
+		res, rep, model, info, wall := runSeed(t, sim.Config{Seed: seed, Scenario: sim.Stuck})
+		f.add(res, rep, wall)
+		if rep.Anomalies() > 0 {
+			failSeed(t, "TestSimStuckCalls", res, rep, model, info)
 		}
+		l, why := lostGuards(res.History)
+		mu.Lock()
+		hung += int(res.Counts[faultbackend.Hang])
+		lost += l
+		if l > 0 && seed < firstSeed {
+			firstSeed, firstLost = seed, fmt.Sprintf("SIM_SEED=%d: %s", seed, why)
+		}
+		mu.Unlock()
+		return true
 	})
 	return f, hung, lost, firstLost
 }
