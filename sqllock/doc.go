@@ -43,7 +43,10 @@
 // as long as the two clocks run at nearly the same rate. The scheduler
 // renews every TTL/3 and retries transient errors until the local
 // deadline; a lease renewed in a batch counts its local deadline from the
-// batch's send time.
+// batch's send time. Each renewal attempt may take half of what its
+// earliest lease has left (at least 10 ms, never past the local
+// deadline): one that hangs, on a half-open connection say, is abandoned
+// then and sent again at once, so one stuck call never costs a lease.
 //
 // # Lease loss
 //
