@@ -284,7 +284,7 @@ func (r *Report) markdown() string {
 			}
 			w("\n")
 		}
-		w("\nRatios and targets (BENCH.md):\n\n| comparison | %s | target |\n|---|%s--|\n", cols(gs, "", true), strings.Repeat("--:|", len(gs)))
+		w("\nRatios and targets (docs/benchmark-targets.md):\n\n| comparison | %s | target |\n|---|%s--|\n", cols(gs, "", true), strings.Repeat("--:|", len(gs)))
 		for _, p := range []struct{ a, b, target string }{
 			{"backend", "raw-async", "≥ 0.9× at every concurrency (like for like: both releases asynchronous)"},
 			{"backend-durable", "raw", "≥ 0.9× at every concurrency (like for like: both releases durable)"},
@@ -345,7 +345,7 @@ func (r *Report) markdown() string {
 		for _, l := range r.Handoff {
 			w("| %s | %d | %.2f | %.2f | %.2f | %.2f | %s |\n", l.Name, l.N, l.P50ms, l.P90ms, l.P99ms, l.MaxMs, l.Note)
 		}
-		w("\nTarget (PostgreSQL, with notifications): p50 ≤ 2 ms, p99 ≤ 20 ms (BENCH.md). With %d samples, p99 is close to the maximum.\n", r.Handoff[0].N)
+		w("\nTarget (PostgreSQL, with notifications): p50 ≤ 2 ms, p99 ≤ 20 ms (docs/benchmark-targets.md). With %d samples, p99 is close to the maximum.\n", r.Handoff[0].N)
 		var ash, raw *Latency
 		for i := range r.Handoff {
 			switch r.Handoff[i].Name {

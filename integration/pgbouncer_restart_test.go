@@ -18,7 +18,7 @@ import (
 )
 
 // TestPgBouncerRestart: four holders renew their leases through PgBouncer
-// in transaction mode (with the settings the README documents), and two
+// in transaction mode (with the settings docs/pgbouncer.md documents), and two
 // waiters wait for two of the keys, while PgBouncer is disturbed in turn:
 // RECONNECT (every server connection closed once released), PAUSE for 1s
 // then RESUME (statements queue), kill -9 and a restart 1s later (every

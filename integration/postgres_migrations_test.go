@@ -104,8 +104,8 @@ func TestPostgresMigrationsUpDownUp(t *testing.T) {
 	require.Equal(t, int64(2), migAcquireOnce(ctx, t, be, "k"))
 	require.Equal(t, int64(3), migAcquireOnce(ctx, t, be, "k"))
 
-	// Rows are the token history: deleting by hand is refused (PITFALLS
-	// 19), so a key cannot start over at token 1 behind a stale holder.
+	// Rows are the token history: deleting by hand is refused
+	// (docs/pitfalls.md#19), so a key cannot start over at token 1 behind a stale holder.
 	table := pgx.Identifier{schema, migrations.DefaultTable}.Sanitize()
 	for _, stmt := range []string{"DELETE FROM " + table, "DELETE FROM " + table + " WHERE key = 'k'", "TRUNCATE " + table} {
 		_, err := db.Pool.Exec(ctx, stmt)

@@ -22,7 +22,7 @@ import (
 )
 
 // Server restarts and crashes while a lease is held and a waiter waits
-// (TESTPLAN PG-2, issue "PostgreSQL backend" item 4). Each test has its own
+// (issue "PostgreSQL backend" item 4). Each test has its own
 // durable server (fsync and synchronous_commit on), so a crash loses nothing
 // that was committed, as on a production server.
 

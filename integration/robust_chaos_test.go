@@ -28,7 +28,7 @@ func chaosSeed(t *testing.T) uint64 {
 	return uint64(time.Now().UnixNano())
 }
 
-// chaosDuration is 30s (TESTPLAN HIST-PG, T2), ROBUST_CHAOS_DURATION when
+// chaosDuration is 30s (the default tier), ROBUST_CHAOS_DURATION when
 // set, or 5 minutes with SQLLOCK_LONG=1.
 func chaosDuration(t *testing.T) time.Duration {
 	if s := os.Getenv("ROBUST_CHAOS_DURATION"); s != "" {

@@ -26,8 +26,8 @@ import (
 	"github.com/ashlock/ashlock/sqllock"
 )
 
-// The robustness tests against PostgreSQL (TESTPLAN PG-1a, 1b, 1d, 4, 5
-// and HIST-PG). Each client has its own pool, backend and fault wrapper
+// The robustness tests against PostgreSQL (TestRobust*: partitions,
+// delayed packets, resets, lost replies, stalls, the chaos history). Each client has its own pool, backend and fault wrapper
 // (recording only), optionally behind its own faultproxy; a trigger on the
 // lock table keeps the database's audit log, from which the checkers of
 // internal/testkit/history judge the run.

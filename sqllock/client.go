@@ -405,7 +405,7 @@ func (c *Client) Close(ctx context.Context) error {
 
 // releaseContext bounds a release made for the caller: by ctx and
 // ReleaseTimeout, or, when ctx has already ended (a request that timed out,
-// PITFALLS 16), by ReleaseTimeout alone, so that the release is still sent.
+// docs/pitfalls.md#16), by ReleaseTimeout alone, so that the release is still sent.
 // The caller calls stop when done with it, as with a context.CancelFunc.
 func (c *Client) releaseContext(ctx context.Context) *releaseCtx {
 	rc := new(releaseCtx)

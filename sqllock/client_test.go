@@ -514,7 +514,7 @@ func TestDoReportsForcedReleaseBeforeNextRenewal(t *testing.T) {
 	})
 }
 
-// PITFALLS 18 (ShedLock#317): two Clients given the same owner name (the
+// docs/pitfalls.md#18 (ShedLock#317): two Clients given the same owner name (the
 // host name, say; two processes on one host) must not be taken for a
 // retry of each other's acquire and handed one lease.
 func TestClientsSharingAnOwnerNameExcludeEachOther(t *testing.T) {
@@ -919,7 +919,7 @@ func TestManualRenew(t *testing.T) {
 	})
 }
 
-// PITFALLS 16 (pglock#5): a Release called with a context that has already
+// docs/pitfalls.md#16 (pglock#5): a Release called with a context that has already
 // ended (the request's, after a timeout) must still reach the backend.
 func TestReleaseWithEndedContextStillReleases(t *testing.T) {
 	t.Parallel()

@@ -30,7 +30,7 @@ func counted(t *testing.T) (*Backend, *etcdtest.Calls, *Backend) {
 }
 
 // TestRoundTrips counts the gRPC calls of every operation: the figures of
-// the package doc and the README. Each is one round trip.
+// the package doc and docs/etcd.md. Each is one round trip.
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	b, calls, other := counted(t)

@@ -10,7 +10,7 @@ import (
 	"github.com/ashlock/ashlock/sqllock"
 )
 
-// TestDatabaseClockSkew (PITFALLS 1, ShedLock#231): the database's clock an
+// TestDatabaseClockSkew (docs/pitfalls.md#1, ShedLock#231): the database's clock an
 // hour ahead of or behind the hosts' clocks changes nothing. Deadlines are
 // database time, the guard's local deadline is the host's monotonic send
 // time + TTL − margin, and the two are never compared. The skew is made by

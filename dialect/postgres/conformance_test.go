@@ -23,7 +23,7 @@ func TestConformance(t *testing.T) {
 
 // TestConformancePgBouncerSettings runs the suite as behind PgBouncer in
 // transaction mode: no LISTEN/NOTIFY, and pgx without named prepared
-// statements (each exec mode the README documents for it). Only the Watch
+// statements (each exec mode docs/pgbouncer.md documents for it). Only the Watch
 // rule skips: batch renewal is offered, as a Client behind PgBouncer
 // renews through it.
 func TestConformancePgBouncerSettings(t *testing.T) {
@@ -45,7 +45,7 @@ func TestConformancePgBouncerSettings(t *testing.T) {
 	}
 }
 
-// transactionModes are the exec modes the README documents for PgBouncer
+// transactionModes are the exec modes docs/pgbouncer.md documents for PgBouncer
 // in transaction mode: none prepares a named statement.
 var transactionModes = []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeSimpleProtocol}
 

@@ -582,7 +582,7 @@ END $$`)
 }
 
 // Group commit through PgBouncer, in transaction mode with each exec mode
-// the README documents and in session mode: concurrent acquires, and
+// docs/pgbouncer.md documents and in session mode: concurrent acquires, and
 // releases, go as one batch statement each (unnest of array parameters,
 // which each exec mode encodes its own way), the batch itself answers
 // every member (none is left to be sent alone, which would hide a batch

@@ -73,7 +73,7 @@ func bouncerBackend(t *testing.T, bouncer *pgtest.Bouncer, mode pgx.QueryExecMod
 }
 
 // TestConformancePgBouncer runs the conformance suite through PgBouncer:
-// in transaction mode with the settings the README documents (an exec
+// in transaction mode with the settings docs/pgbouncer.md documents (an exec
 // mode without named prepared statements, DisableNotify), and in session
 // mode with pgx's defaults, notifications included. The batch rules run
 // through it in every mode (a Client behind it renews in batches); only

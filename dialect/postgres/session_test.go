@@ -13,7 +13,7 @@ import (
 	"github.com/ashlock/ashlock/sqllock"
 )
 
-// TestNoSessionStateLeft (PITFALLS 11): the lock operations, the listener
+// TestNoSessionStateLeft (docs/pitfalls.md#11): the lock operations, the listener
 // and FencedTx leave nothing behind in a session — no advisory lock (the
 // migrations' session lock included), no open transaction — so a pooler in
 // transaction mode, or the next user of a pooled connection, inherits

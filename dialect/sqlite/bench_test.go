@@ -19,7 +19,7 @@ import (
 // them) through the Backend and, interleaved in chunks in the same run, the
 // same two statements sent raw through the same *sql.DB (prepared once, no
 // validation, no write slot, no retry wrapper). It reports both rates and
-// their ratio (target ≥ 0.9, BENCH.md):
+// their ratio (target ≥ 0.9, docs/benchmark-targets.md):
 //
 //	go test -run '^$' -bench Pairs -count 6 ./dialect/sqlite
 func BenchmarkPairs(b *testing.B) {

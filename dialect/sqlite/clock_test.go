@@ -15,10 +15,11 @@ import (
 	"github.com/ashlock/ashlock/sqllock"
 )
 
-// SQLite's clock is the wall clock of the host (DESIGN N6): every process
-// on the host reads the same one, and when it steps, every lease on the
-// file moves with it. TestClockStep (TESTPLAN SQ-5) steps it under a holder
-// through a SQL function that adds clockOffsetMS to SQLite's own reading.
+// SQLite's clock is the wall clock of the host (README, "What we
+// promise"): every process on the host reads the same one, and when it
+// steps, every lease on the file moves with it. TestClockStep steps it
+// under a holder through a SQL function that adds clockOffsetMS to
+// SQLite's own reading.
 
 var clockOffsetMS atomic.Int64
 

@@ -25,7 +25,7 @@ import (
 	"github.com/ashlock/ashlock/sqllock"
 )
 
-// The multi-process tests (TESTPLAN SQ-1, SQ-1k) re-execute the test binary
+// The multi-process tests (TestMultiProcess*) re-execute the test binary
 // as child processes; TestMain hands a child to helperMain when helperEnv is
 // set. A child opens the shared file with Open (the library's defaults:
 // FULL, 10 ms busy timeout, the backend's own busy retry) and loops:

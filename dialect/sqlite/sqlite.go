@@ -104,10 +104,11 @@ const (
 	// safe against a crash of the process but not of the machine: a power
 	// cut can lose the last commits, so a grant can be lost after it was
 	// reported, and the same token can then be handed out twice; a fenced
-	// resource would see two holders with one token. It is 4-10× faster
-	// than FULL (BENCH.md, BenchmarkPairs). Choose it only when the lock
-	// table dies with the machine anyway (a tmpfs), or when duplicate
-	// tokens after a power cut are acceptable.
+	// resource would see two holders with one token. It is about 4× faster
+	// than FULL (bench/results/latest.md: 4,991 against 1,360 pairs/s on one
+	// goroutine; BenchmarkPairs). Choose it only when the lock table dies
+	// with the machine anyway (a tmpfs), or when duplicate tokens after a
+	// power cut are acceptable.
 	SynchronousNormal Synchronous = "NORMAL"
 )
 

@@ -8,7 +8,7 @@ import (
 )
 
 // TestRun runs the example and checks that what it prints holds the
-// metrics and spans the README shows.
+// metrics and spans the otelsqllock package doc shows.
 func TestRun(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, run(t.Context(), &out))

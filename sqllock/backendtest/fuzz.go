@@ -10,8 +10,8 @@ import (
 	"github.com/ashlock/ashlock/sqllock"
 )
 
-// Fuzz is the conformance suite's fuzz target for one backend (TESTPLAN
-// FZ-1, G7): for any key, owner and TTL, TryAcquire either refuses the
+// Fuzz is the conformance suite's fuzz target for one backend (guarantee
+// G7 in the README): for any key, owner and TTL, TryAcquire either refuses the
 // request with the validation error sqllock.AcquireRequest.Validate gives,
 // leaving no trace, or grants it, and then the key and owner come back
 // byte for byte from the lease and from List, and Release ends it. Call it

@@ -36,10 +36,10 @@ type Report struct {
 	Violations []Violation `json:"violations"`
 
 	// Documented cases, counted apart and not anomalies: a paused holder
-	// acting after its guard ended (N1, A3), a guard overlapping the next
-	// holder after an operator forced its lease to expire (it must end at
-	// its next renewal), and overlaps after a database clock step beyond
-	// the margin (A2, N6).
+	// acting after its guard ended (assumption A3 in the README), a guard
+	// overlapping the next holder after an operator forced its lease to
+	// expire (it must end at its next renewal), and overlaps after a
+	// database clock step beyond the margin (assumption A2).
 	PausedOverlaps int `json:"paused_overlaps"`
 	ForcedOverlaps int `json:"forced_overlaps"`
 	ClockOverlaps  int `json:"clock_overlaps"`

@@ -41,9 +41,9 @@ type LinState struct {
 	Last    int64 // the latest token granted
 }
 
-// Model returns the per-key lock model (TESTPLAN 3.3) as a porcupine model,
-// partitioned by key. With step1 each grant's token must be exactly the
-// previous one + 1.
+// Model returns the per-key lock model as a porcupine model, partitioned
+// by key. With step1 each grant's token must be exactly the previous one +
+// 1.
 func Model(step1 bool) porcupine.Model {
 	nm := porcupine.NondeterministicModel{
 		Partition: func(ops []porcupine.Operation) [][]porcupine.Operation {

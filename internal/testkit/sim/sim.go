@@ -1,6 +1,7 @@
 // Package sim is the deterministic simulation of ashlock: clients, the
 // memory backend and the fault wrapper inside one testing/synctest bubble,
-// driven by one goroutine with a seeded RNG (TESTPLAN SIM-1 … SIM-5).
+// driven by one goroutine with a seeded RNG (TestSim, TestSimDeterminism,
+// TestSimCheckerSensitivity, TestSimPause, TestSimDBClockStep).
 //
 // Determinism: the driver is the only source of decisions besides the
 // per-client fault RNGs; it sleeps a seeded duration, calls synctest.Wait

@@ -287,9 +287,10 @@ func TestRunNotAcquired(t *testing.T) {
 	require.Contains(t, stderr, `held by "test-holder" (token 1)`)
 }
 
-// TestREADMEMatchesHelp keeps the README's CLI section true: every --flag
-// it names exists (as --help shows it), and every exit status in its table
-// is one sqllock --help documents.
+// TestREADMEMatchesHelp keeps the CLI's documentation true: every --flag
+// that the README's CLI section or docs/cli.md names exists (as --help
+// shows it), and every exit status in docs/cli.md's table is one sqllock
+// --help documents.
 func TestREADMEMatchesHelp(t *testing.T) {
 	t.Parallel()
 	readme, err := os.ReadFile("../../../../README.md")
@@ -297,8 +298,13 @@ func TestREADMEMatchesHelp(t *testing.T) {
 	text := string(readme)
 	start := strings.Index(text, "## The `sqllock` command")
 	require.GreaterOrEqual(t, start, 0)
-	section := text[start:]
-	section = section[:strings.Index(section, "\n## Schema")]
+	section := text[start+1:]
+	if end := strings.Index(section, "\n## "); end >= 0 {
+		section = section[:end]
+	}
+	cliDoc, err := os.ReadFile("../../../../docs/cli.md")
+	require.NoError(t, err)
+	reference := string(cliDoc)
 
 	tb := setup(t)
 	var help strings.Builder
@@ -308,22 +314,24 @@ func TestREADMEMatchesHelp(t *testing.T) {
 		help.WriteString(stdout)
 	}
 	_, mainHelp, _ := tb.run(testCtx(t), "--help")
-	for _, m := range regexp.MustCompile(`--([a-z][a-z-]*)`).FindAllStringSubmatch(section, -1) {
-		if m[1] == "help" {
-			continue
+	for doc, text := range map[string]string{"README": section, "docs/cli.md": reference} {
+		for _, m := range regexp.MustCompile(`--([a-z][a-z-]*)`).FindAllStringSubmatch(text, -1) {
+			if m[1] == "help" {
+				continue
+			}
+			require.Regexp(t, `(?m)^  --`+regexp.QuoteMeta(m[1])+`\b`, help.String(), "%s names --%s", doc, m[1])
 		}
-		require.Regexp(t, `(?m)^  --`+regexp.QuoteMeta(m[1])+`\b`, help.String(), "README names --%s", m[1])
+		require.NotContains(t, text, "go build -o sqllock ", "%s: writes into the sqllock/ package directory", doc)
 	}
-	rows := regexp.MustCompile(`(?m)^\| (\d+)(?: / (\d+))? \|`).FindAllStringSubmatch(section, -1)
+	rows := regexp.MustCompile(`(?m)^\| (\d+)(?: / (\d+))? \|`).FindAllStringSubmatch(reference, -1)
 	require.NotEmpty(t, rows)
 	for _, m := range rows {
 		for _, code := range m[1:] {
 			if code != "" {
-				require.Regexp(t, `(?m)^  `+code+` `, mainHelp, "README's exit status %s", code)
+				require.Regexp(t, `(?m)^  `+code+` `, mainHelp, "docs/cli.md's exit status %s", code)
 			}
 		}
 	}
-	require.NotContains(t, section, "go build -o sqllock ", "writes into the sqllock/ package directory")
 }
 
 // TestErrorfFoldsJoinedErrors: an errors.Join (one error per line) prints
