@@ -49,7 +49,7 @@ func (e *env) startSupervisor(t tenure, f runFlags) (*supervised, error) {
 	s := &supervised{tty: foregroundTTY(e.stdin), reports: make(chan []string, 16)}
 	cfg, _ := json.Marshal(supervisorConfig{
 		Path: f.command[0], Args: append([]string{f.commandRaw}, f.command[1:]...),
-		Grace: f.grace, Overdue: f.ttl / 2,
+		Grace: f.grace, Overdue: f.ttl / 3,
 		Foreground: s.tty >= 0, JobPgid: syscall.Getpgrp(), Parent: os.Getpid(),
 	})
 	ctlR, ctlW, err := os.Pipe()

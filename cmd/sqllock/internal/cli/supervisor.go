@@ -57,8 +57,9 @@ type supervisorConfig struct {
 	// Grace is --grace: SIGTERM comes at most this long before SIGKILL.
 	Grace time.Duration
 	// Overdue: once the local deadline is nearer than this without a
-	// renewal, renewals are failing (half the TTL: a working renewal comes
-	// when two thirds are left).
+	// renewal, renewals are failing (a third of the TTL: a working renewal
+	// comes when two thirds are left, and its first attempt may take half
+	// of that).
 	Overdue time.Duration
 	// Foreground makes COMMAND's group the foreground of the terminal on
 	// stdin; JobPgid is sqllock's process group, given the terminal back
