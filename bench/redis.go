@@ -45,7 +45,7 @@ func startRedisEnv(ctx context.Context, bin, dir string, pool int, keys []string
 		c := redis.NewClient(&redis.Options{Addr: s.addr, PoolSize: pool, MinIdleConns: pool})
 		c.AddHook(&e.sent)
 		e.clients[d] = c
-		logf("started %s (appendfsync %s) on %s in %s in %v", bin, d, s.addr, s.dir, time.Since(begin).Round(time.Millisecond))
+		logf("started %s (durability %s) on %s in %s in %v", bin, d, s.addr, s.dir, time.Since(begin).Round(time.Millisecond))
 	}
 	info, err := e.clients[redisNone].Info(ctx, "server").Result()
 	if err != nil {
