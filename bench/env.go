@@ -59,7 +59,8 @@ func describeEnv(ctx context.Context, pe *pgEnv, tmp, pgDataDir string) Env {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
 			switch d.Path {
-			case "cirello.io/pglock", "github.com/jackc/pgx/v5", "modernc.org/sqlite", "github.com/lib/pq", "gonum.org/v1/plot":
+			case "cirello.io/pglock", "github.com/jackc/pgx/v5", "modernc.org/sqlite", "github.com/lib/pq", "gonum.org/v1/plot",
+				"github.com/bsm/redislock", "github.com/go-redsync/redsync/v4", "github.com/redis/go-redis/v9":
 				e.Modules[d.Path] = d.Version
 			}
 		}

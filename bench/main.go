@@ -31,7 +31,7 @@ type config struct {
 
 func (c *config) want(section string) bool { return len(c.only) == 0 || c.only[section] }
 
-var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "groupcommit", "sqlite", "memory", "etcd"}
+var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "groupcommit", "sqlite", "memory", "etcd", "redis"}
 
 func main() {
 	var cfg config
@@ -105,7 +105,16 @@ func logf(format string, args ...any) {
 
 func run(ctx context.Context, cfg *config) (err error) {
 	rep := &Report{Started: startTime.UTC(), Quick: cfg.quick, Rounds: cfg.rounds, CellSeconds: cfg.dur.Seconds(), Keys: cfg.keys}
-	needPG := false
+	// The redis section needs the machine's redis-server; without one it is
+	// skipped, and the report says so.
+	redisBin := ""
+	if cfg.want("redis") {
+		if redisBin, err = findRedisServer(); err != nil {
+			logf("skipping the redis section: %v", err)
+			rep.Redis = &RedisResult{Skipped: err.Error()}
+		}
+	}
+	needPG := redisBin != ""
 	for _, s := range []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "groupcommit"} {
 		needPG = needPG || cfg.want(s)
 	}
@@ -232,6 +241,11 @@ func run(ctx context.Context, cfg *config) (err error) {
 		rep.Etcd = &EtcdResult{Version: e.version}
 		if rep.Etcd.Handoff, err = e.handoff(ctx, cfg); err != nil {
 			return fmt.Errorf("etcd handoff: %w", err)
+		}
+	}
+	if redisBin != "" {
+		if rep.Redis, err = redisSection(ctx, cfg, pe, redisBin, tmp, rep); err != nil {
+			return fmt.Errorf("redis: %w", err)
 		}
 	}
 	rep.Seconds = time.Since(startTime).Seconds()

@@ -30,6 +30,7 @@ type Report struct {
 	// SQLite section, per backend.
 	SQLiteBusyRetries map[string]uint64 `json:"sqlite_busy_retries,omitempty"`
 	Etcd              *EtcdResult       `json:"etcd,omitempty"`
+	Redis             *RedisResult      `json:"redis,omitempty"`
 
 	ratioIndex map[string]float64
 }
@@ -502,6 +503,9 @@ func (r *Report) markdown() string {
 	}
 	if gs := r.concs("etcd"); len(gs) > 0 {
 		r.etcdMarkdown(w, gs)
+	}
+	if r.Redis != nil {
+		r.redisMarkdown(w)
 	}
 	var errs []string
 	for _, c := range r.Cells {
