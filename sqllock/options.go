@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"time"
@@ -16,6 +17,12 @@ const (
 	DefaultReleaseTimeout = 5 * time.Second
 	DefaultMaxRenewBatch  = 1000
 )
+
+// WaitForever, as [AcquireOptions.Wait], makes Acquire and Do wait until
+// they hold the key or their context ends. It is the longest
+// time.Duration (about 292 years), so it is an ordinary positive bound
+// too; the zero Wait means one attempt.
+const WaitForever time.Duration = math.MaxInt64
 
 // Options configure a [Client]. The zero value of every field means its
 // default, so Options{} is a working configuration.
@@ -98,9 +105,13 @@ type Options struct {
 type AcquireOptions struct {
 	// TTL of this lease; default Options.TTL.
 	TTL time.Duration
-	// Wait bounds how long Acquire and Do wait for the key; zero waits until
-	// the context ends. The bound ends the wait only: the Guard lives on
-	// under the context passed to Acquire. TryAcquire ignores it.
+	// Wait bounds how long Acquire and Do wait for the key. Zero, the
+	// default, makes one attempt: a held key is skipped with an error
+	// matching [ErrNotAcquired], as TryAcquire does (a scheduled job that
+	// every replica fires runs once). A positive Wait waits up to that;
+	// [WaitForever] waits until the context ends. The bound ends the wait
+	// only: the Guard lives on under the context passed to Acquire.
+	// TryAcquire always makes one attempt, whatever Wait says.
 	Wait time.Duration
 	// Value is published with the lease (see [AcquireRequest.Value]): at
 	// most [MaxValueLen] bytes, shown by List and `sqllock list` and to a
