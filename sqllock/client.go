@@ -109,7 +109,7 @@ func (c *Client) request(key string, s settings) AcquireRequest {
 	var buf [MaxOwnerLen]byte
 	b := append(buf[:0], c.ownerPrefix...)
 	b = strconv.AppendUint(b, c.seq.Add(1), 10)
-	return AcquireRequest{Key: key, TTL: s.ttl, Owner: string(b), Value: s.value}
+	return AcquireRequest{Key: key, TTL: s.ttl, Owner: string(b), Value: s.value, MinHold: s.minHold}
 }
 
 // prepare validates a call's input before any I/O.

@@ -117,6 +117,18 @@ type AcquireOptions struct {
 	// most [MaxValueLen] bytes, shown by List and `sqllock list` and to a
 	// refused acquirer in its [*HeldError]. It is copied at the call.
 	Value []byte
+	// MinHold keeps the key held at least this long after the grant, by
+	// the database clock, whenever the Guard is released (ShedLock's
+	// lockAtLeastFor): Release before grant + MinHold ends the Guard
+	// (ErrReleased) and leaves the key held by this lease's owner, same
+	// token, until then, without this process having to live on; a holder
+	// that crashes keeps it until the later of its lease's deadline and
+	// grant + MinHold. For a job that every replica (or crontab) fires
+	// once per period, a MinHold longer than the skew between their
+	// timers and shorter than the period makes it run once per period, as
+	// long as the job is shorter than the period. Zero: no minimum. See
+	// [AcquireRequest.MinHold]; within the TTL bounds ([ValidateTTL]).
+	MinHold time.Duration
 }
 
 // DefaultBackoff waits 5ms·2^(attempt-1), capped at 250ms, with full jitter
@@ -179,7 +191,8 @@ func (e *OptionError) Unwrap() []error { return []error{ErrInvalidOption, ErrInv
 // settings are the resolved timings and the value of one lease.
 type settings struct {
 	timings
-	value []byte
+	value   []byte
+	minHold time.Duration
 }
 
 // timings are what a Guard keeps of its settings.
@@ -199,6 +212,12 @@ func (o *Options) settingsFor(ao *AcquireOptions) (settings, error) {
 	}
 	if ao != nil && ao.Wait < 0 {
 		return s, &OptionError{Field: "AcquireOptions.Wait", Value: ao.Wait}
+	}
+	if ao != nil && ao.MinHold != 0 {
+		if err := ValidateTTL(ao.MinHold); err != nil {
+			return s, fmt.Errorf("AcquireOptions.MinHold: %w", err)
+		}
+		s.minHold = ao.MinHold
 	}
 	if ao != nil && len(ao.Value) > 0 {
 		if err := ValidateValue(ao.Value); err != nil {
