@@ -189,7 +189,7 @@ func (e *Election) Campaign(ctx context.Context) (*Leadership, error) {
 		err error
 	)
 	for {
-		g, err = e.c.Acquire(parent, e.key, &sqllock.AcquireOptions{TTL: e.cfg.TTL, Value: e.cfg.Value})
+		g, err = e.c.Acquire(parent, e.key, &sqllock.AcquireOptions{TTL: e.cfg.TTL, Value: e.cfg.Value, Wait: sqllock.WaitForever})
 		// A grant whose reply came after its local deadline is of no use
 		// and the Client has released it (a *LostError): that is a
 		// campaign to run again, not a reason to stop campaigning.

@@ -93,7 +93,7 @@ func TestPostgresFencedContention(t *testing.T) {
 		rng := rand.New(rand.NewPCG(uint64(id), 1))
 		for runCtx.Err() == nil {
 			key := keys[rng.IntN(len(keys))]
-			g, err := c.Acquire(runCtx, key, nil)
+			g, err := c.Acquire(runCtx, key, &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
 			if err != nil {
 				if runCtx.Err() != nil {
 					return nil

@@ -39,6 +39,9 @@ type entry struct {
 	owner    string
 	batch    uint64 // the last batch renewal that renewed it (see TryRenewBatch)
 	value    []byte // the latest grant's, never changed in place
+	// holdUntil is the latest grant's time + its MinHold (zero for none):
+	// a release by the holder before it keeps the key until then.
+	holdUntil time.Time
 }
 
 var (
@@ -77,9 +80,10 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		b.keys[req.Key] = e
 	case e.held && now.Before(e.deadline) && e.owner == req.Owner:
 		// A retry of this very acquire: same grant, extended.
-		e.deadline = now.Add(req.TTL)
+		e.deadline = later(now.Add(req.TTL), e.holdUntil)
 		return b.lease(req.Key, e, now), nil
-	case e.held && now.Before(e.deadline):
+	case e.held && now.Before(e.deadline),
+		!e.held && now.Before(e.holdUntil) && now.Before(e.deadline): // released inside its min hold
 		return sqllock.Lease{}, &sqllock.HeldError{
 			Key: req.Key, Owner: e.owner, Token: e.token, Remaining: e.deadline.Sub(now), Value: bytes.Clone(e.value),
 		}
@@ -89,7 +93,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	}
 	e.token++
 	e.held = true
-	e.deadline = now.Add(req.TTL)
+	e.holdUntil = time.Time{}
+	if req.MinHold > 0 {
+		e.holdUntil = now.Add(req.MinHold)
+	}
+	e.deadline = later(now.Add(req.TTL), e.holdUntil)
 	e.owner = req.Owner
 	e.value = nil
 	if len(req.Value) > 0 {
@@ -120,8 +128,16 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	if lost := state(e, now).Loss(l); lost != nil {
 		return sqllock.Lease{}, lost
 	}
-	e.deadline = now.Add(ttl)
+	e.deadline = later(now.Add(ttl), e.holdUntil)
 	return b.lease(l.Key, e, now), nil
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // TryRenewBatch implements [sqllock.BatchRenewer]: every element under
@@ -148,7 +164,7 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 			continue
 		}
 		// A lease given twice is renewed once, by the longer TTL.
-		d := now.Add(r.TTL)
+		d := later(now.Add(r.TTL), e.holdUntil)
 		if e.batch != b.batches || d.After(e.deadline) {
 			e.deadline = d
 		}
@@ -181,15 +197,23 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.keys[l.Key]
-	st := state(e, b.now())
+	now := b.now()
+	st := state(e, now)
 	if st.ReleasedByOwner(l) {
 		return nil // released twice by its owner
 	}
 	lost := st.Loss(l)
 	if e != nil && e.token == l.Token && e.held {
 		e.held = false
+		if e.owner == l.Owner && now.Before(e.holdUntil) {
+			// Released inside its min hold: the key stays taken, by this
+			// owner and token, until then.
+			e.deadline = e.holdUntil
+		} else {
+			e.holdUntil = time.Time{} // a forced release ends the hold
+			b.signals.Signal(l.Key)
+		}
 		e.owner = l.Owner
-		b.signals.Signal(l.Key)
 	}
 	if lost != nil {
 		return lost
@@ -214,7 +238,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 			continue
 		}
 		info := sqllock.LockInfo{Key: k, Token: e.token, Owner: e.owner, Deadline: e.deadline, Value: bytes.Clone(e.value)}
-		if e.held && now.Before(e.deadline) {
+		if (e.held || now.Before(e.holdUntil)) && now.Before(e.deadline) {
 			info.Held, info.Remaining = true, e.deadline.Sub(now)
 		}
 		out = append(out, info)

@@ -151,6 +151,25 @@ type AcquireRequest struct {
 	// stored with the grant, returned by TryAcquire, List and a refused
 	// acquire's [*HeldError], and does not change while the lease is held.
 	Value []byte
+	// MinHold, when not zero (then within the TTL bounds, [ValidateTTL]),
+	// keeps the key held at least until grant time + MinHold by the
+	// backend's clock, the grant time being the backend's own clock at
+	// the grant, recorded with it:
+	//   - the grant's deadline is the later of now + TTL and now +
+	//     MinHold, and no renewal moves a deadline before grant + MinHold,
+	//     so a holder that crashes keeps the key until the later of its
+	//     own deadline and grant + MinHold;
+	//   - a Release by the lease's own owner before grant + MinHold
+	//     succeeds and leaves the key held, by that owner with the same
+	//     token, until grant + MinHold (List shows it so, a refused
+	//     acquire's HeldError names it); one after it releases at once;
+	//   - a Release by another owner (a forced release) ends the hold at
+	//     once, as it ends any lease.
+	// No client needs to stay alive or renew for the hold to last. A
+	// backend that cannot keep a min hold refuses a request with one,
+	// before any I/O, with an error matching [ErrMinHoldUnsupported]:
+	// never ignores it.
+	MinHold time.Duration
 }
 
 // Lease is one granted lease: plain data, safe to copy.

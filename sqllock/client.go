@@ -109,7 +109,7 @@ func (c *Client) request(key string, s settings) AcquireRequest {
 	var buf [MaxOwnerLen]byte
 	b := append(buf[:0], c.ownerPrefix...)
 	b = strconv.AppendUint(b, c.seq.Add(1), 10)
-	return AcquireRequest{Key: key, TTL: s.ttl, Owner: string(b), Value: s.value}
+	return AcquireRequest{Key: key, TTL: s.ttl, Owner: string(b), Value: s.value, MinHold: s.minHold}
 }
 
 // prepare validates a call's input before any I/O.
@@ -144,6 +144,12 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 	if err != nil {
 		return nil, err
 	}
+	return c.tryAcquire(ctx, key, s)
+}
+
+// tryAcquire is TryAcquire after validation: one attempt, an indeterminate
+// outcome settled.
+func (c *Client) tryAcquire(ctx context.Context, key string, s settings) (g *Guard, err error) {
 	req := c.request(key, s)
 	if c.opts.Observer != nil {
 		defer c.observeAcquire(ctx, &req, false, time.Now(), nil, &g, &err)
@@ -155,7 +161,11 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 	return c.newGuard(ctx, l, sent, s)
 }
 
-// Acquire waits until it holds key, ctx ends, or opts.Wait passes. Between
+// Acquire takes key, waiting for it as opts.Wait says: with no Wait (nil
+// opts, or zero) it makes one attempt, as [Client.TryAcquire] does, and
+// returns an error matching [ErrNotAcquired] when the key is held; with a
+// positive Wait it waits until it holds key, ctx ends, or Wait passes
+// ([WaitForever]: until ctx ends). Between
 // attempts it sleeps [Options.Backoff], capped by the holder's remaining
 // lease, and wakes at once when the backend signals a release ([Watcher]).
 // All attempts of one call use one owner, so an attempt whose reply was lost
@@ -171,8 +181,11 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 	if err != nil {
 		return nil, err
 	}
+	if opts == nil || opts.Wait == 0 {
+		return c.tryAcquire(ctx, key, s)
+	}
 	wctx := ctx
-	if opts != nil && opts.Wait > 0 {
+	if opts.Wait != WaitForever {
 		var cancel context.CancelFunc
 		wctx, cancel = context.WithTimeout(ctx, opts.Wait)
 		defer cancel()
@@ -346,9 +359,13 @@ func (c *Client) Watch(key string) (ch <-chan struct{}, stop func(), ok bool) {
 	return ch, stop, true
 }
 
-// Do acquires key (waiting as [Client.Acquire] does), runs fn with a context
+// Do acquires key (one attempt, or waiting as opts.Wait says: see
+// [Client.Acquire]), runs fn with a context
 // that is cancelled when the lease is lost, and releases the lease when fn
-// returns (also if fn panics). It returns fn's error; if the lease was lost
+// returns (also if fn panics). When the key is held (and Wait, if any,
+// passes) it returns an error matching [ErrNotAcquired] without running
+// fn: several replicas that all call Do with nil options for one job run
+// it once. It returns fn's error; if the lease was lost
 // while fn ran, the error also matches [ErrLeaseLost], so the caller learns
 // that fn's work may have overlapped another holder's.
 func (c *Client) Do(ctx context.Context, key string, opts *AcquireOptions, fn func(ctx context.Context, g *Guard) error) (err error) {

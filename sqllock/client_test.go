@@ -564,7 +564,7 @@ func TestAcquireWakesOnRelease(t *testing.T) {
 			require.NoError(t, holder.Release(context.Background()))
 		}()
 		start := time.Now()
-		g, err := c.Acquire(t.Context(), "k", nil)
+		g, err := c.Acquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
 		require.NoError(t, err)
 		require.Equal(t, 5*time.Second, time.Since(start))
 		require.Greater(t, g.Token(), holder.Token())
@@ -582,7 +582,7 @@ func TestAcquireWaitIsCappedByRemainingLease(t *testing.T) {
 		crashed, err := tb.mem.TryAcquire(t.Context(), sqllock.AcquireRequest{Key: "k", TTL: 7 * time.Second, Owner: "crashed"})
 		require.NoError(t, err)
 		start := time.Now()
-		g, err := tb.client.Acquire(t.Context(), "k", nil)
+		g, err := tb.client.Acquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
 		require.NoError(t, err)
 		require.Equal(t, 7*time.Second, time.Since(start))
 		require.Greater(t, g.Token(), crashed.Token)
@@ -611,7 +611,7 @@ func TestAcquireWaitBound(t *testing.T) {
 
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
-		_, err = tb.client.Acquire(ctx, "k", nil)
+		_, err = tb.client.Acquire(ctx, "k", &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
 		require.ErrorIs(t, err, sqllock.ErrNotAcquired)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.NoError(t, holder.Release(t.Context()))
@@ -722,7 +722,7 @@ func TestAcquireAttemptThatHangsIsRetried(t *testing.T) {
 					return tb.mem.TryAcquire(actx, req)
 				}
 				start := time.Now()
-				g, err := tb.client.Acquire(t.Context(), "k", nil)
+				g, err := tb.client.Acquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
 				require.NoError(t, err)
 				margin := ttl/100 + 2*time.Millisecond // the default
 				require.Equal(t, ttl-margin+100*time.Millisecond, time.Since(start), "the hung attempt was cut at TTL - margin, then one backoff")
@@ -890,7 +890,7 @@ func TestCloseWakesWaiters(t *testing.T) {
 		require.NoError(t, err)
 		errc := make(chan error)
 		go func() {
-			_, err := tb.client.Acquire(t.Context(), "k", nil)
+			_, err := tb.client.Acquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
 			errc <- err
 		}()
 		time.Sleep(time.Second)
@@ -1018,4 +1018,72 @@ func TestDatabaseClockOffsetIsIgnored(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The README's scheduled job: three replicas (three Clients on one
+// backend) call Do with nil options at once; the job runs once and the
+// other two get ErrNotAcquired without running it.
+func TestDoWithoutWaitRunsOnce(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		var (
+			runs, skips atomic.Int32
+			wg          sync.WaitGroup
+		)
+		for i := range 3 {
+			c, err := sqllock.New(mem, sqllock.Options{Owner: fmt.Sprint("replica-", i)})
+			require.NoError(t, err)
+			defer c.Close(context.Background())
+			wg.Go(func() {
+				err := c.Do(t.Context(), "nightly-report", nil, func(ctx context.Context, g *sqllock.Guard) error {
+					runs.Add(1)
+					time.Sleep(time.Second) // the job
+					return nil
+				})
+				if errors.Is(err, sqllock.ErrNotAcquired) {
+					skips.Add(1)
+					return
+				}
+				require.NoError(t, err)
+			})
+		}
+		wg.Wait()
+		require.Equal(t, int32(1), runs.Load(), "runs of the job")
+		require.Equal(t, int32(2), skips.Load(), "replicas that skipped it")
+	})
+}
+
+// Acquire without a Wait is one attempt: it returns at once with the
+// holder's HeldError; WaitForever waits until the context ends.
+func TestAcquireWithoutWaitIsOneAttempt(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		holder, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		before := tb.b.n("acquire")
+		start := time.Now()
+		// The holder renews forever: an Acquire that waited would never
+		// return, so a backstop ends it and the elapsed time tells.
+		backstop, stop := context.WithTimeout(t.Context(), time.Minute)
+		defer stop()
+		for _, ao := range []*sqllock.AcquireOptions{nil, {}, {TTL: time.Minute}} {
+			_, err = tb.client.Acquire(backstop, "k", ao)
+			var he *sqllock.HeldError
+			require.ErrorAs(t, err, &he)
+			require.NotErrorIs(t, err, context.DeadlineExceeded)
+		}
+		require.Zero(t, time.Since(start), "no wait")
+		require.Equal(t, 3, tb.b.n("acquire")-before, "one attempt each")
+		start = time.Now()
+
+		ctx, cancel := context.WithTimeout(t.Context(), time.Hour)
+		defer cancel()
+		_, err = tb.client.Acquire(ctx, "k", &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
+		require.Equal(t, time.Hour, time.Since(start), "WaitForever waits until the context ends")
+		require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.NoError(t, holder.Release(t.Context()))
+	})
 }

@@ -6,8 +6,10 @@
 // # Overview
 //
 // A [Client] takes leases from a [Backend]. [Client.TryAcquire] makes one
-// attempt; [Client.Acquire] waits; [Client.Do] acquires, runs a function
-// and releases. Each returns or uses a [Guard]: the held lease, which the
+// attempt; [Client.Acquire] and [Client.Do] (which acquires, runs a
+// function and releases) make one attempt too unless [AcquireOptions.Wait]
+// says how long to wait ([WaitForever]: until the context ends), so a job
+// that every replica fires runs once and the others skip it. Each returns or uses a [Guard]: the held lease, which the
 // Client's renewal scheduler renews in the background (with the other
 // leases due at about the same time, in one round trip where the backend
 // can: [BatchRenewer]), and whose [Guard.Context] is cancelled the moment
@@ -115,7 +117,8 @@
 // [errors.As]:
 //
 //   - [ErrNotAcquired] ([*HeldError]: holder, token, remaining lease): the
-//     key is held. Acquire waits it out; TryAcquire returns it.
+//     key is held. An Acquire given a Wait waits it out; TryAcquire, and
+//     Acquire and Do without a Wait, return it.
 //   - [ErrLeaseLost] ([*LostError]: expired, taken by a newer token,
 //     released by someone else (a forced release, with who did it), or
 //     not renewed before the local deadline, whether renewals failed, got

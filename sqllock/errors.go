@@ -215,3 +215,8 @@ func (s KeyState) Loss(l Lease) *LostError {
 func (s KeyState) ReleasedByOwner(l Lease) bool {
 	return s.Found && s.Token == l.Token && !s.Held && s.Owner == l.Owner
 }
+
+// ErrMinHoldUnsupported is returned, before any I/O, by a backend that
+// cannot keep [AcquireRequest.MinHold] (Acquire, TryAcquire and Do pass it
+// on), so that a minimum hold is never silently dropped.
+var ErrMinHoldUnsupported = errors.New("sqllock: this backend does not support a minimum hold")

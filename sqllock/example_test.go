@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ashlock/ashlock/memory"
@@ -80,7 +81,47 @@ func ExampleClient_Acquire() {
 	// acquired with token 2 after token 1
 }
 
+// Three replicas of a service fire the same nightly job at once; with nil
+// options each Do makes one attempt, so the job runs once and the other
+// two skip it.
 func ExampleClient_Do() {
+	ctx := context.Background()
+	backend := memory.New() // one database shared by the replicas
+
+	var (
+		skipped = make(chan struct{}, 2) // the replicas that find the key held
+		ran     atomic.Int32
+		wg      sync.WaitGroup
+	)
+	for i := range 3 {
+		client, _ := sqllock.New(backend, sqllock.Options{Owner: fmt.Sprint("replica-", i)})
+		defer client.Close(ctx)
+		wg.Go(func() {
+			err := client.Do(ctx, "nightly-report", nil, func(ctx context.Context, g *sqllock.Guard) error {
+				ran.Add(1)
+				for range 2 { // the job runs on while the others fire
+					select {
+					case <-skipped:
+					case <-time.After(time.Second):
+					}
+				}
+				return nil
+			})
+			if errors.Is(err, sqllock.ErrNotAcquired) {
+				skipped <- struct{}{} // another replica runs it: skip
+			} else if err != nil {
+				panic(err)
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println("runs:", ran.Load())
+	// Output:
+	// runs: 1
+}
+
+// With Wait set to WaitForever, Do waits its turn: every call runs fn.
+func ExampleClient_Do_wait() {
 	ctx := context.Background()
 	client, _ := sqllock.New(memory.New(), sqllock.Options{})
 	defer client.Close(ctx)
@@ -92,7 +133,7 @@ func ExampleClient_Do() {
 	)
 	for range 4 {
 		wg.Go(func() {
-			err := client.Do(ctx, "counter", nil, func(ctx context.Context, g *sqllock.Guard) error {
+			err := client.Do(ctx, "counter", &sqllock.AcquireOptions{Wait: sqllock.WaitForever}, func(ctx context.Context, g *sqllock.Guard) error {
 				mu.Lock() // only for the race detector: the lease already excludes
 				counter++
 				mu.Unlock()

@@ -148,7 +148,8 @@ type AcquireEvent struct {
 	Owner   string
 	Backend string
 	Token   int64 // the granted token, else 0
-	// Wait is set for Acquire, which waits; TryAcquire makes one attempt.
+	// Wait is set for an Acquire given a positive AcquireOptions.Wait,
+	// which waits; TryAcquire, and Acquire without a Wait, make one attempt.
 	Wait bool
 	// Attempts is the number of acquire requests the call made, not
 	// counting the repeats that settle an indeterminate one.

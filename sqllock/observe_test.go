@@ -190,7 +190,7 @@ func TestObserverAcquireWait(t *testing.T) {
 			_ = holder.Release(context.Background())
 		}()
 		start := time.Now()
-		g, err := tb.client.Acquire(t.Context(), "k", nil)
+		g, err := tb.client.Acquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
 		require.NoError(t, err)
 		waited := time.Since(start)
 		require.GreaterOrEqual(t, waited, time.Second)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"time"
@@ -16,6 +17,12 @@ const (
 	DefaultReleaseTimeout = 5 * time.Second
 	DefaultMaxRenewBatch  = 1000
 )
+
+// WaitForever, as [AcquireOptions.Wait], makes Acquire and Do wait until
+// they hold the key or their context ends. It is the longest
+// time.Duration (about 292 years), so it is an ordinary positive bound
+// too; the zero Wait means one attempt.
+const WaitForever time.Duration = math.MaxInt64
 
 // Options configure a [Client]. The zero value of every field means its
 // default, so Options{} is a working configuration.
@@ -98,14 +105,30 @@ type Options struct {
 type AcquireOptions struct {
 	// TTL of this lease; default Options.TTL.
 	TTL time.Duration
-	// Wait bounds how long Acquire and Do wait for the key; zero waits until
-	// the context ends. The bound ends the wait only: the Guard lives on
-	// under the context passed to Acquire. TryAcquire ignores it.
+	// Wait bounds how long Acquire and Do wait for the key. Zero, the
+	// default, makes one attempt: a held key is skipped with an error
+	// matching [ErrNotAcquired], as TryAcquire does (a scheduled job that
+	// every replica fires runs once). A positive Wait waits up to that;
+	// [WaitForever] waits until the context ends. The bound ends the wait
+	// only: the Guard lives on under the context passed to Acquire.
+	// TryAcquire always makes one attempt, whatever Wait says.
 	Wait time.Duration
 	// Value is published with the lease (see [AcquireRequest.Value]): at
 	// most [MaxValueLen] bytes, shown by List and `sqllock list` and to a
 	// refused acquirer in its [*HeldError]. It is copied at the call.
 	Value []byte
+	// MinHold keeps the key held at least this long after the grant, by
+	// the database clock, whenever the Guard is released (ShedLock's
+	// lockAtLeastFor): Release before grant + MinHold ends the Guard
+	// (ErrReleased) and leaves the key held by this lease's owner, same
+	// token, until then, without this process having to live on; a holder
+	// that crashes keeps it until the later of its lease's deadline and
+	// grant + MinHold. For a job that every replica (or crontab) fires
+	// once per period, a MinHold longer than the skew between their
+	// timers and shorter than the period makes it run once per period, as
+	// long as the job is shorter than the period. Zero: no minimum. See
+	// [AcquireRequest.MinHold]; within the TTL bounds ([ValidateTTL]).
+	MinHold time.Duration
 }
 
 // DefaultBackoff waits 5ms·2^(attempt-1), capped at 250ms, with full jitter
@@ -168,7 +191,8 @@ func (e *OptionError) Unwrap() []error { return []error{ErrInvalidOption, ErrInv
 // settings are the resolved timings and the value of one lease.
 type settings struct {
 	timings
-	value []byte
+	value   []byte
+	minHold time.Duration
 }
 
 // timings are what a Guard keeps of its settings.
@@ -188,6 +212,12 @@ func (o *Options) settingsFor(ao *AcquireOptions) (settings, error) {
 	}
 	if ao != nil && ao.Wait < 0 {
 		return s, &OptionError{Field: "AcquireOptions.Wait", Value: ao.Wait}
+	}
+	if ao != nil && ao.MinHold != 0 {
+		if err := ValidateTTL(ao.MinHold); err != nil {
+			return s, fmt.Errorf("AcquireOptions.MinHold: %w", err)
+		}
+		s.minHold = ao.MinHold
 	}
 	if ao != nil && len(ao.Value) > 0 {
 		if err := ValidateValue(ao.Value); err != nil {

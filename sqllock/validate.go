@@ -83,6 +83,11 @@ func (r AcquireRequest) Validate() error {
 	if err := ValidateOwner(r.Owner); err != nil {
 		return err
 	}
+	if r.MinHold != 0 {
+		if err := ValidateTTL(r.MinHold); err != nil {
+			return fmt.Errorf("min hold: %w", err)
+		}
+	}
 	return ValidateValue(r.Value)
 }
 

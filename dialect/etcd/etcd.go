@@ -289,6 +289,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
 	}
+	if req.MinHold != 0 {
+		return sqllock.Lease{}, fmt.Errorf("%w: %s (not yet)", sqllock.ErrMinHoldUnsupported, "etcd")
+	}
 	if err := ctx.Err(); err != nil {
 		return sqllock.Lease{}, notSent(opAcquire, req.Key, err)
 	}

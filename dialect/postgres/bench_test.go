@@ -237,7 +237,7 @@ func BenchmarkHandoff(b *testing.B) {
 				}
 				got := make(chan *sqllock.Guard, 1)
 				go func() {
-					g, err := waiter.Acquire(ctx, "k", nil)
+					g, err := waiter.Acquire(ctx, "k", &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
 					if err != nil {
 						b.Error(err)
 					}

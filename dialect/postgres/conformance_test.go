@@ -71,6 +71,7 @@ func (p pollOnly) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 // rules of it.
 func harness(newBackend func(t *testing.T) sqllock.Backend, mayskip ...string) backendtest.Harness {
 	return backendtest.Harness{
+		NoMinHold: true, // not yet: refused, never dropped
 		New: func(t *testing.T) sqllock.Backend {
 			t.Cleanup(func() {
 				if t.Skipped() && !slices.Contains(mayskip, path.Base(t.Name())) {

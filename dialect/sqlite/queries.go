@@ -28,7 +28,11 @@ const maxToken = `9223372036854775807`
 // duration, which is microseconds when nothing is written.
 const (
 	// acquireSQL: ?1 key, ?2 ttl in ms (rounded up), ?3 owner, ?4 value
-	// (NULL for none; migration 00003's column).
+	// (NULL for none; migration 00003's column), ?5 min hold in ms
+	// (rounded up; 0 for none): a grant's deadline is now + max(?2, ?5) and
+	// its hold_until (migration 00004) now + ?5, so a holder that crashes
+	// keeps the key until the later of the two. The last column says
+	// whether a released row is still inside its min hold (taken).
 	//
 	// A grant happens iff the key is free (no row, released, or deadline <=
 	// now) and its token is below the largest int64, or the key is held,
@@ -46,19 +50,25 @@ const (
 	// would lower a token, sees the upsert's VALUES too, so they must not be
 	// lower than the row the DO UPDATE then changes.
 	acquireSQL = `
-INSERT INTO {{table}} (key, token, held, deadline, owner, value)
-VALUES (?1, coalesce((SELECT token FROM {{table}} WHERE key = ?1), 1), 1, {{now}} + ?2, ?3, ?4)
+INSERT INTO {{table}} (key, token, held, deadline, owner, value, hold_until)
+VALUES (?1, coalesce((SELECT token FROM {{table}} WHERE key = ?1), 1), 1, {{now}} + max(?2, ?5), ?3, ?4, CASE WHEN ?5 > 0 THEN {{now}} + ?5 END)
 ON CONFLICT (key) DO UPDATE SET
-	token    = token + ((NOT held OR deadline <= {{now}}) AND token < ` + maxToken + `),
+	token    = token + ({{free}} AND token < ` + maxToken + `),
 	held     = CASE WHEN {{grant}} THEN 1 ELSE held END,
-	deadline = CASE WHEN {{grant}} THEN excluded.deadline ELSE deadline END,
+	deadline = CASE WHEN {{grant}} THEN max(excluded.deadline, CASE WHEN owner = excluded.owner THEN coalesce(hold_until, 0) ELSE 0 END) ELSE deadline END,
+	hold_until = CASE WHEN {{grant}} AND owner <> excluded.owner THEN excluded.hold_until ELSE hold_until END,
 	owner    = CASE WHEN {{grant}} THEN excluded.owner ELSE owner END,
 	value    = CASE WHEN {{grant}} THEN excluded.value ELSE value END
-RETURNING token, held, deadline, owner, value, {{now}}`
+RETURNING token, held, deadline, owner, value, {{now}}, coalesce(hold_until > {{now}}, 0)`
 
 	// grantSQL is the DO UPDATE grant condition over the existing row.
-	grantSQL = `(((NOT held OR deadline <= {{now}}) AND token < ` + maxToken + `)` +
+	grantSQL = `(({{free}} AND token < ` + maxToken + `)` +
 		` OR (held AND deadline > {{now}} AND owner = excluded.owner))`
+
+	// freeSQL: the key may be granted to a new tenure: its lease expired,
+	// or it was released and is past its minimum hold (migration 00004's
+	// hold_until; a release inside it set the deadline to it).
+	freeSQL = `(deadline <= {{now}} OR (NOT held AND coalesce(hold_until, 0) <= {{now}}))`
 
 	// renewSQL: ?1 key, ?2 token, ?3 ttl in ms. Extends iff the row holds
 	// token ?2, held and unexpired; otherwise sets the row to itself. The
@@ -68,7 +78,7 @@ RETURNING token, held, deadline, owner, value, {{now}}`
 	// granted.
 	renewSQL = `
 UPDATE {{table}} SET deadline = CASE
-	WHEN token = ?2 AND held AND deadline > {{now}} THEN {{now}} + ?3
+	WHEN token = ?2 AND held AND deadline > {{now}} THEN max({{now}} + ?3, coalesce(hold_until, 0))
 	ELSE deadline END
 WHERE key = ?1
 RETURNING token, held, deadline, {{now}}`
@@ -98,14 +108,21 @@ RETURNING key, token, held, deadline`
 	nowSQL = `SELECT {{now}}`
 
 	// releaseSQL: ?1 key, ?2 token, ?3 owner. Clears held iff ?2 is the
-	// current token and held, and records ?3 as who released; returns the deadline so the caller knows whether the
+	// current token and held, and records ?3 as who released. A release by
+	// the holder itself before its hold_until (MinHold) keeps the key taken
+	// until then: the deadline becomes hold_until, which acquireSQL's
+	// freeSQL reads; another owner's (a forced release) clears hold_until,
+	// so the key is free at once. The SET expressions read the row as it
+	// was (the holder's owner, not ?3). It returns the deadline so the caller knows whether the
 	// lease had expired (deadline <= now) before it was released. No row
 	// means nothing to clear: released already, a newer token, or no such
 	// key; only then does the caller read the row (peekSQL) to tell which,
 	// because the old held flag that separates "released twice" from
 	// "expired" is gone once the statement has run.
 	releaseSQL = `
-UPDATE {{table}} SET held = 0, owner = ?3
+UPDATE {{table}} SET held = 0, owner = ?3,
+	deadline   = CASE WHEN owner = ?3 AND hold_until > {{now}} AND deadline > {{now}} THEN hold_until ELSE deadline END,
+	hold_until = CASE WHEN owner = ?3 THEN hold_until END
 WHERE key = ?1 AND token = ?2 AND held
 RETURNING deadline, {{now}}`
 
@@ -118,13 +135,13 @@ RETURNING deadline, {{now}}`
 	// prefix, and it is an index range on the primary key. No LIKE, so no
 	// wildcard can hide in a prefix.
 	listSQL = `
-SELECT key, token, owner, held AND deadline > {{now}}, deadline, {{now}}, value
+SELECT key, token, owner, (held OR coalesce(hold_until > {{now}}, 0)) AND deadline > {{now}}, deadline, {{now}}, value
 FROM {{table}} WHERE key >= ?1 AND key < ?2 ORDER BY key`
 
 	// listFromSQL: ?1 prefix, when no string bounds it from above (the
 	// empty prefix).
 	listFromSQL = `
-SELECT key, token, owner, held AND deadline > {{now}}, deadline, {{now}}, value
+SELECT key, token, owner, (held OR coalesce(hold_until > {{now}}, 0)) AND deadline > {{now}}, deadline, {{now}}, value
 FROM {{table}} WHERE key >= ?1 ORDER BY key`
 
 	// expireSQL (tests): the lease's deadline becomes now; token and held
@@ -142,6 +159,7 @@ ON CONFLICT (key) DO UPDATE SET token = excluded.token, held = 0, deadline = exc
 // expression now ([nowMS] but in tests).
 func render(q, quotedTable, now string) string {
 	q = strings.ReplaceAll(q, "{{grant}}", grantSQL)
+	q = strings.ReplaceAll(q, "{{free}}", freeSQL)
 	q = strings.ReplaceAll(q, "{{now}}", now)
 	return strings.TrimSpace(strings.ReplaceAll(q, "{{table}}", quotedTable))
 }

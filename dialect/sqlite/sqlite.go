@@ -491,7 +491,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	}
 	var (
 		token, deadline, now int64
-		held                 bool
+		held, kept           bool
 		owner                string
 		value                []byte
 	)
@@ -500,8 +500,8 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		arg = req.Value
 	}
 	err := b.write(ctx, func(ctx context.Context) error {
-		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, leaseMillis(req.TTL), req.Owner, arg},
-			&token, &held, &deadline, &owner, &value, &now)
+		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, leaseMillis(req.TTL), req.Owner, arg, minHoldMillis(req.MinHold)},
+			&token, &held, &deadline, &owner, &value, &now, &kept)
 		return err
 	})
 	if err != nil {
@@ -517,7 +517,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			BackendTime: time.UnixMilli(now),
 			Value:       nonEmpty(value),
 		}, nil
-	case held && deadline > now:
+	case (held || kept) && deadline > now: // kept: released inside its min hold
 		return sqllock.Lease{}, &sqllock.HeldError{
 			Key: req.Key, Owner: owner, Token: token,
 			Remaining: remaining(deadline, now),
@@ -529,6 +529,14 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		return sqllock.Lease{}, fmt.Errorf("sqllock/sqlite: TryAcquire %q: unexpected row (token %d, held %v, deadline %d, now %d)",
 			req.Key, token, held, deadline, now)
 	}
+}
+
+// minHoldMillis is a min hold in milliseconds, rounded up (0 for none).
+func minHoldMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return leaseMillis(d)
 }
 
 // nonEmpty is v, or nil when v holds no byte: no value is nil everywhere.

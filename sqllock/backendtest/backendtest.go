@@ -47,6 +47,10 @@ func Run(t *testing.T, h Harness) {
 		{"AcceptedEdgeInputs", testEdgeInputs},
 		{"WatchSignalsRelease", testWatch},
 		{"ValueTravelsWithTheLease", testValue},
+		{"MinHoldReleaseKeepsHeld", testMinHoldReleaseKeepsHeld},
+		{"MinHoldCrashKeepsLater", testMinHoldCrashKeepsLater},
+		{"MinHoldPassedReleasesAtOnce", testMinHoldPassedReleasesAtOnce},
+		{"MinHoldForcedRelease", testMinHoldForcedRelease},
 		{"BatchMixedOutcomes", testBatchMixedOutcomes},
 		{"BatchKeyTwice", testBatchKeyTwice},
 		{"BatchEmpty", testBatchEmpty},
@@ -54,6 +58,9 @@ func Run(t *testing.T, h Harness) {
 		{"BatchMany", testBatchMany},
 	}
 	for _, tt := range tests {
+		if h.NoMinHold && strings.HasPrefix(tt.name, "MinHold") {
+			tt.fn = testMinHoldRefused
+		}
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			tt.fn(t, h)

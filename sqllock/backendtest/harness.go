@@ -25,4 +25,10 @@ type Harness struct {
 	// current token, so that Run can check token exhaustion near the end of
 	// int64 without acquiring 2^63 times.
 	SetToken func(t *testing.T, b sqllock.Backend, key string, token int64)
+
+	// NoMinHold says the backend does not keep AcquireRequest.MinHold:
+	// Run then checks that it refuses a request with one (matching
+	// sqllock.ErrMinHoldUnsupported, leaving no trace) instead of the
+	// min-hold rules.
+	NoMinHold bool
 }

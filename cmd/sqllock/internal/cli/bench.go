@@ -400,7 +400,7 @@ func benchHandoff(ctx context.Context, b sqllock.Backend, cfg benchConfig) (benc
 		for !r.over() {
 			// Not cancelled at the end of the run: every waiter gets the
 			// key in turn, as each holder releases it, and then stops.
-			g, err := client.Acquire(r.ctx, key, nil)
+			g, err := client.Acquire(r.ctx, key, &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
 			if err != nil {
 				if !runEnded(r.ctx, err) {
 					w.fail(err)

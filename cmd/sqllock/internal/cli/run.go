@@ -29,6 +29,9 @@ Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
                       writes carrying a token lower than one it has seen.
        SQLLOCK_OWNER  this lease's owner, as "sqllock list" shows it
   3. Renews the lease in the background every --ttl/3.
+     With --min-hold D, KEY stays held until D after the grant (by the
+     database clock) even when COMMAND exits sooner or sqllock dies: a
+     second crontab firing the same job seconds later skips it.
   4. SIGINT and SIGTERM sent to sqllock are forwarded to COMMAND, and sqllock
      waits for it to exit.
   5. COMMAND is not running after the lease's local deadline, whether
@@ -76,6 +79,7 @@ Exit status: COMMAND's own (128+N if it died by signal N), except
 Examples:
   sqllock run --key nightly-report -- ./report.sh --since yesterday
   sqllock run --key deploy --wait 5m --ttl 1m -- make deploy
+  sqllock run --key hourly --min-hold 1m -- ./hourly.sh   # every host's crontab: runs once an hour
   sqllock run --key demo -- sh -c 'echo "token $SQLLOCK_TOKEN"'
   sqllock run --key nightly --log-format json -- ./nightly.sh 2>>/var/log/nightly.jsonl
 `
@@ -97,6 +101,7 @@ type runFlags struct {
 	key        string
 	ttl, wait  time.Duration
 	grace      time.Duration
+	minHold    time.Duration
 	command    []string
 	commandRaw string // COMMAND as given, for messages
 	// waitLeft is what is left of --wait after connecting.
@@ -115,6 +120,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&f.key, "key", "", "the lock's `key` (required)")
 	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
 	durationVar(fs, &f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
+	durationVar(fs, &f.minHold, "min-hold", 0, "keep KEY held at least this long after the grant, by the database clock, even when COMMAND ends sooner (SQLite, memory; 0: no minimum)")
 	durationVar(fs, &f.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL when COMMAND is stopped")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", ExitTempFail, "exit status when the lock is not acquired (0 to 255), to tell it from a COMMAND that exits 75 itself")
 	fs.BoolVar(&e.quiet, "quiet", false, "with --wait, do not print who holds the key while waiting")
@@ -142,7 +148,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"wait", f.wait}, {"grace", f.grace}} {
+	}{{"wait", f.wait}, {"grace", f.grace}, {"min-hold", f.minHold}} {
 		if err := nonNegative(d.name, d.v); err != nil {
 			return err
 		}
@@ -281,7 +287,7 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 		g   *sqllock.Guard
 		err error
 	)
-	opts := &sqllock.AcquireOptions{TTL: f.ttl}
+	opts := &sqllock.AcquireOptions{TTL: f.ttl, MinHold: f.minHold}
 	if f.wait == 0 {
 		g, err = client.TryAcquire(lockCtx, f.key, opts)
 	} else {
