@@ -596,28 +596,37 @@ END $$`)
 	}
 }
 
-// A same-owner repeat in a batch (an acquire whose reply was lost, sent
-// again while others are in flight) gets the grant back with its token and
-// a deadline no earlier than before, as the single statement's repeat
-// does: a new token would be a second tenure of one acquire (G6).
-func TestGroupCommitSameOwnerRepeatKeepsToken(t *testing.T) {
+// Tokens in a batch are the single statement's: a new tenure of a
+// released key, or of an expired one, takes the next token; a same-owner
+// repeat (an acquire whose reply was lost, sent again while others are in
+// flight) gets the grant back with its token and a deadline no earlier
+// than before: a new token would be a second tenure of one acquire (G6).
+func TestGroupCommitTokens(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t, Options{}).backend
 	ctx := testCtx(t)
 	require.NoError(t, b.Release(ctx, acquireOK(t, b, "k", "setup", time.Minute)))
 	first := acquireOK(t, b, "k", "o", time.Minute)
 	require.EqualValues(t, 2, first.Token)
+	released := acquireOK(t, b, "released", "setup", time.Minute)
+	require.NoError(t, b.Release(ctx, released))
+	expired := acquireOK(t, b, "expired", "setup", time.Minute)
+	expire(t, b, "expired")
 
 	holdQueue(b.acquireQ)
-	repeat := goAcquire(ctx, b, "k", "o")
-	waitQueued(t, b.acquireQ, 1)
-	other := goAcquire(ctx, b, "other", "o2")
-	waitQueued(t, b.acquireQ, 2)
+	chs := map[string]chan acquireResult{}
+	for i, k := range []string{"k", "released", "expired"} {
+		chs[k] = goAcquire(ctx, b, k, "o")
+		waitQueued(t, b.acquireQ, i+1)
+	}
 	flushQueue(b.acquireQ)
-	r, ro := recv(t, repeat), recv(t, other)
+	r, rr, re := recv(t, chs["k"]), recv(t, chs["released"]), recv(t, chs["expired"])
 	unholdQueue(t, b.acquireQ)
-	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "the repeat went in a batch")
-	require.NoError(t, ro.err)
+	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "the calls went as one batch")
+	require.NoError(t, rr.err)
+	require.Equal(t, released.Token+1, rr.l.Token, "a new tenure of a released key")
+	require.NoError(t, re.err)
+	require.Equal(t, expired.Token+1, re.l.Token, "a new tenure of an expired key")
 	require.NoError(t, r.err, "the same owner's repeat is granted")
 	require.Equal(t, first.Token, r.l.Token, "the batched repeat took a new token")
 	require.False(t, r.l.Deadline.Before(first.Deadline), "the repeat moved the deadline back")
