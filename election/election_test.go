@@ -425,3 +425,44 @@ func TestObserveNeverRevivesAnEndedTerm(t *testing.T) {
 		}
 	})
 }
+
+// Observe never reports a term lower than one it reported, even when a
+// read comes back stale (a lagging replica): after term 2 was reported,
+// a read that says term 1 leads is not reported.
+func TestObserveNeverReportsALowerTerm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		a := candidate(t, mem, "a")
+		sl := &staleList{Backend: mem}
+		obs0 := candidate(t, sl, "observer")
+		la, err := a.Campaign(t.Context())
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		obs := obs0.Observe(ctx)
+		o := <-obs
+		require.True(t, o.Leading)
+		require.Equal(t, la.Term().Token, o.Term.Token) // the stale read to come
+		require.NoError(t, la.Resign(t.Context()))
+		o = <-obs
+		require.False(t, o.Leading)
+
+		b := candidate(t, mem, "b")
+		lb, err := b.Campaign(t.Context())
+		require.NoError(t, err)
+		defer func() { require.NoError(t, lb.Resign(context.Background())) }()
+		o = <-obs
+		require.True(t, o.Leading)
+		require.Equal(t, lb.Term().Token, o.Term.Token)
+		require.Greater(t, lb.Term().Token, la.Term().Token)
+
+		sl.stale.Store(true) // every read now says term 1 leads
+		time.Sleep(time.Second)
+		synctest.Wait()
+		select {
+		case o := <-obs:
+			t.Fatalf("term %d reported after term %d: %+v", o.Term.Token, lb.Term().Token, o)
+		default:
+		}
+	})
+}

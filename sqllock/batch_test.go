@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -353,6 +354,56 @@ func TestReleasesRacingBatches(t *testing.T) {
 		require.Zero(t, cancelled.Load())
 		for _, k := range keys {
 			require.False(t, held(t, b.mem, k), k)
+		}
+	})
+}
+
+// Options.RenewWindow is the window: a lease due 350ms after another is
+// renewed with it under a 400ms window (the default, a quarter of the
+// interval, would leave it out), and one due 450ms after is not.
+func TestBatchRenewWindowOption(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const window = 400 * time.Millisecond
+		require.Less(t, interval/4, 350*time.Millisecond, "the default window would take in the second lease")
+		b, c := setupBatchy(t, sqllock.Options{RenewWindow: window})
+		acquireAll(t, c, "a")
+		time.Sleep(350 * time.Millisecond)
+		acquireAll(t, c, "within")
+		time.Sleep(100 * time.Millisecond)
+		acquireAll(t, c, "outside")
+		time.Sleep(interval - 450*time.Millisecond + time.Millisecond)
+		batches, singles := b.calls()
+		require.Empty(t, singles)
+		require.Equal(t, [][]string{{"a", "within"}}, batches, "the leases due within RenewWindow of the first")
+		time.Sleep(450 * time.Millisecond)
+		batches, _ = b.calls()
+		require.Equal(t, [][]string{{"a", "within"}, {"outside"}}, batches)
+	})
+}
+
+// Options.MaxRenewBatch bounds every batch: seven leases due together with
+// a bound of three go as batches of three, three and one, never four.
+func TestBatchMaxRenewBatch(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		b, c := setupBatchy(t, sqllock.Options{MaxRenewBatch: 3})
+		gs := acquireAll(t, c, "k0", "k1", "k2", "k3", "k4", "k5", "k6")
+		time.Sleep(interval + time.Millisecond)
+		synctest.Wait()
+		batches, singles := b.calls()
+		require.Empty(t, singles)
+		var sizes []int
+		var keys []string
+		for _, ks := range batches {
+			sizes = append(sizes, len(ks))
+			keys = append(keys, ks...)
+		}
+		slices.Sort(sizes)
+		require.Equal(t, []int{1, 3, 3}, sizes, "batches of at most MaxRenewBatch leases: %v", batches)
+		require.ElementsMatch(t, []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6"}, keys)
+		for _, g := range gs {
+			require.NoError(t, g.Err())
 		}
 	})
 }

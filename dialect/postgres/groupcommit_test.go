@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/internal/testkit/pgtest"
@@ -696,4 +697,163 @@ func groupCommitBatches(t *testing.T, b *Backend) {
 			t.Fatal("a batched release of a marked lease did not notify through PgBouncer in session mode")
 		}
 	}
+}
+
+// Tokens in a batch are the single statement's: a new tenure of a
+// released key, or of an expired one, takes the next token; a same-owner
+// repeat (an acquire whose reply was lost, sent again while others are in
+// flight) gets the grant back with its token and a deadline no earlier
+// than before: a new token would be a second tenure of one acquire (G6).
+func TestGroupCommitTokens(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	ctx := testCtx(t)
+	require.NoError(t, b.Release(ctx, acquireOK(t, b, "k", "setup", time.Minute)))
+	first := acquireOK(t, b, "k", "o", time.Minute)
+	require.EqualValues(t, 2, first.Token)
+	released := acquireOK(t, b, "released", "setup", time.Minute)
+	require.NoError(t, b.Release(ctx, released))
+	expired := acquireOK(t, b, "expired", "setup", time.Minute)
+	expire(t, b, "expired")
+
+	holdQueue(b.acquireQ)
+	chs := map[string]chan acquireResult{}
+	for i, k := range []string{"k", "released", "expired"} {
+		chs[k] = goAcquire(ctx, b, k, "o")
+		waitQueued(t, b.acquireQ, i+1)
+	}
+	flushQueue(b.acquireQ)
+	r, rr, re := recv(t, chs["k"]), recv(t, chs["released"]), recv(t, chs["expired"])
+	unholdQueue(t, b.acquireQ)
+	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "the calls went as one batch")
+	require.NoError(t, rr.err)
+	require.Equal(t, released.Token+1, rr.l.Token, "a new tenure of a released key")
+	require.NoError(t, re.err)
+	require.Equal(t, expired.Token+1, re.l.Token, "a new tenure of an expired key")
+	require.NoError(t, r.err, "the same owner's repeat is granted")
+	require.Equal(t, first.Token, r.l.Token, "the batched repeat took a new token")
+	require.False(t, r.l.Deadline.Before(first.Deadline), "the repeat moved the deadline back")
+	var token int64
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT token FROM "+b.table+" WHERE key = 'k'").Scan(&token))
+	require.Equal(t, first.Token, token)
+}
+
+// A batch neither locks nor writes the row of a key it refuses (held by
+// another owner, live): a batch of refusals assigns no transaction id, and
+// while a batch's transaction is open, the refused key's row can be locked
+// FOR SHARE NOWAIT from another connection (as a fenced transaction locks
+// it), while the row it granted cannot.
+func TestGroupCommitRefusalLocksNoRow(t *testing.T) {
+	t.Parallel()
+	bundle := newBundle(t, Options{})
+	b := bundle.backend
+	ctx := testCtx(t)
+	acquireOK(t, b, "held", "holder", time.Minute)
+	acquireOK(t, b, "held2", "holder", time.Minute)
+	require.NoError(t, b.Release(ctx, acquireOK(t, b, "free", "setup", time.Minute)))
+
+	// batch sends the Backend's own batch statement on tx, bound as
+	// sendAcquires binds it, and returns granted per key.
+	batch := func(tx pgx.Tx, keys ...string) map[string]bool {
+		t.Helper()
+		n := len(keys)
+		micros, owners, values := make([]int64, n), make([]string, n), make([][]byte, n)
+		for i := range keys {
+			micros[i], owners[i] = leaseMicros(time.Minute), "o"
+		}
+		rows, err := tx.Query(ctx, b.acquireBatchSQL, keys, micros, owners, values)
+		require.NoError(t, err)
+		granted := map[string]bool{}
+		for rows.Next() {
+			vals, err := rows.Values()
+			require.NoError(t, err)
+			granted[vals[0].(string)] = vals[1].(bool)
+		}
+		require.NoError(t, rows.Err())
+		return granted
+	}
+	// lockable reports whether another connection can lock key's row now.
+	lockable := func(key string) bool {
+		t.Helper()
+		probe, err := bundle.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer probe.Rollback(ctx)
+		_, err = probe.Exec(ctx, "SELECT FROM "+b.table+" WHERE key = $1 FOR SHARE NOWAIT", key)
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "55P03" {
+			return false
+		}
+		require.NoError(t, err)
+		return true
+	}
+
+	tx, err := bundle.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	require.Equal(t, map[string]bool{"held": false, "held2": false}, batch(tx, "held", "held2"))
+	var xid *int64
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id_if_assigned()::text::bigint").Scan(&xid))
+	require.Nil(t, xid, "a batch of refusals locked or wrote a row")
+	require.True(t, lockable("held"), "a refused key's row is locked by the batch")
+	require.NoError(t, tx.Rollback(ctx))
+
+	tx, err = bundle.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	require.Equal(t, map[string]bool{"held": false, "free": true}, batch(tx, "held", "free"))
+	require.False(t, lockable("free"), "the probe cannot see a row lock")
+	require.True(t, lockable("held"), "a refused key's row is locked by the batch that refused it")
+	require.NoError(t, tx.Rollback(ctx))
+}
+
+// A batched release notifies only for the leases a waiter marked: the
+// notifications the table's channel receives, up to a later release that
+// notifies after the batch's commit, are the marked lease's alone.
+func TestGroupCommitReleaseNotifiesOnlyWhenWaited(t *testing.T) {
+	t.Parallel()
+	bundle := newBundle(t, Options{})
+	b := bundle.backend
+	ctx := testCtx(t)
+	conn, err := bundle.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var channel string
+	require.NoError(t, conn.QueryRow(ctx, b.channelSQL).Scan(&channel))
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	require.NoError(t, err)
+	defer conn.Exec(context.Background(), "UNLISTEN *")
+
+	quiet := acquireOK(t, b, "quiet", "o", time.Minute)
+	quiet2 := acquireOK(t, b, "quiet2", "o", time.Minute)
+	loud := acquireOK(t, b, "loud", "o", time.Minute)
+	last := acquireOK(t, b, "last", "o", time.Minute)
+	_, stop := b.Watch("loud")
+	defer stop()
+	_, stopLast := b.Watch("last")
+	defer stopLast()
+	waiting(t, b, "loud")
+	waiting(t, b, "last")
+
+	holdQueue(b.releaseQ)
+	var chs []chan error
+	for i, l := range []sqllock.Lease{quiet, loud, quiet2} {
+		chs = append(chs, goRelease(ctx, b, l))
+		waitQueued(t, b.releaseQ, i+1)
+	}
+	flushQueue(b.releaseQ)
+	for _, ch := range chs {
+		require.NoError(t, recv(t, ch))
+	}
+	unholdQueue(t, b.releaseQ)
+	require.EqualValues(t, 1, b.releaseQ.batches.Load(), "the releases went as one batch")
+	require.NoError(t, b.Release(ctx, last)) // alone: notifies after the batch's commit
+
+	var got []string
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for len(got) == 0 || got[len(got)-1] != "last" {
+		n, err := conn.Conn().WaitForNotification(wctx)
+		require.NoError(t, err, "notifications so far: %q", got)
+		got = append(got, n.Payload)
+	}
+	require.Equal(t, []string{"loud", "last"}, got, "a batched release nobody waited for notified")
 }

@@ -359,10 +359,14 @@ func TestRefusedAcquireWALWhileRenewed(t *testing.T) {
 	require.LessOrEqual(t, bytes, records*600, "a record larger than the README says")
 }
 
-// TestReleaseCommitsAsynchronously checks, inside a transaction, that
+// TestSynchronousCommitPerStatement checks, inside a transaction, that
 // Release (and only Release) turns synchronous_commit off for its own
-// transaction: see releaseSQL for why a release needs no flush.
-func TestReleaseCommitsAsynchronously(t *testing.T) {
+// transaction (see releaseSQL for why a release needs no flush), and that
+// every grant (acquireSQL's insert and update arms) and renewal turns it on
+// from off (a session, role or database may have it off): each statement
+// runs in a transaction of its own that starts with the setting it must
+// change, so that none of them can pass on another's setting.
+func TestSynchronousCommitPerStatement(t *testing.T) {
 	t.Parallel()
 	for _, opts := range []Options{{}, {DisableNotify: true}, {DurableRelease: true}} {
 		bundle := newBundle(t, opts)
@@ -378,28 +382,44 @@ func TestReleaseCommitsAsynchronously(t *testing.T) {
 			return s
 		}
 		session := setting(conn) // test servers may run with it off
-
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		defer tx.Rollback(ctx)
-		_, err = tx.Exec(ctx, "SET LOCAL synchronous_commit = on")
-		require.NoError(t, err)
 		b, err := New(bundle.db.Pool, opts)
 		require.NoError(t, err)
-		req := sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o1"}
-		r := txAcquire(t, tx, b.marked.acquire, req)
-		require.True(t, r.granted)
-		l := sqllock.Lease{Key: "k", Token: r.token, Owner: "o1"}
-		renewed, _ := txRenew(t, tx, b, l, time.Minute)
-		require.True(t, renewed)
-		require.Equal(t, "on", setting(tx), "acquire and renew must commit synchronously")
-		require.True(t, txRelease(t, tx, b, l))
-		if opts.DurableRelease {
-			require.Equal(t, "on", setting(tx), "DurableRelease must commit synchronously")
-		} else {
-			require.Equal(t, "off", setting(tx))
+		// inTx runs fn in a transaction of its own that starts with
+		// synchronous_commit at from, and returns the setting fn left.
+		inTx := func(from string, fn func(tx pgx.Tx)) string {
+			tx, err := conn.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			_, err = tx.Exec(ctx, "SET LOCAL synchronous_commit = "+from)
+			require.NoError(t, err)
+			fn(tx)
+			s := setting(tx)
+			require.NoError(t, tx.Commit(ctx))
+			return s
 		}
-		require.NoError(t, tx.Commit(ctx))
+		req := sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o1"}
+		var l sqllock.Lease
+		require.Equal(t, "on", inTx("off", func(tx pgx.Tx) {
+			r := txAcquire(t, tx, b.marked.acquire, req)
+			require.True(t, r.granted)
+			require.EqualValues(t, 1, r.token, "the key's first grant (the insert arm)")
+			l = sqllock.Lease{Key: "k", Token: r.token, Owner: "o1"}
+		}), "a grant by the insert arm must commit synchronously")
+		require.Equal(t, "on", inTx("off", func(tx pgx.Tx) {
+			renewed, _ := txRenew(t, tx, b, l, time.Minute)
+			require.True(t, renewed)
+		}), "a renewal must commit synchronously")
+		release := func(tx pgx.Tx) { require.True(t, txRelease(t, tx, b, l)) }
+		if opts.DurableRelease {
+			require.Equal(t, "on", inTx("off", release), "DurableRelease must commit synchronously")
+		} else {
+			require.Equal(t, "off", inTx("on", release))
+		}
+		require.Equal(t, "on", inTx("off", func(tx pgx.Tx) {
+			r := txAcquire(t, tx, b.marked.acquire, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o2"})
+			require.True(t, r.granted)
+			require.EqualValues(t, 2, r.token, "a new tenure of a released key (the update arm)")
+		}), "a grant by the update arm must commit synchronously")
 		require.Equal(t, session, setting(conn), "the setting leaked out of the transaction")
 	}
 }

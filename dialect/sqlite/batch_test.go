@@ -1,12 +1,15 @@
 package sqlite
 
 import (
+	"database/sql/driver"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	msqlite "modernc.org/sqlite"
 
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -102,5 +105,48 @@ func TestRenewBatchKeysAsJSON(t *testing.T) {
 		require.NoError(t, r.Err, "%q", keys[i])
 		require.Equal(t, keys[i], r.Lease.Key)
 		require.Greater(t, r.Lease.Deadline.Sub(r.Lease.BackendTime), time.Minute, "%q renewed", keys[i])
+	}
+}
+
+// tickMS is how far sqllock_test_tick's clock has moved ahead: each call
+// moves it one more second, so two reads of it never agree.
+var tickMS atomic.Int64
+
+func init() {
+	msqlite.MustRegisterScalarFunction("sqllock_test_tick", 1,
+		func(_ *msqlite.FunctionContext, args []driver.Value) (driver.Value, error) {
+			ms, ok := args[0].(int64)
+			if !ok {
+				return nil, fmt.Errorf("sqllock_test_tick(%T)", args[0])
+			}
+			return ms + tickMS.Add(1000), nil
+		})
+}
+
+// A batch renewal reads the database clock once: the new deadline is the
+// instant it reports plus the TTL (in leaseMillis), to the millisecond, also on a clock
+// that moves between any two reads of it (a second read for the deadline
+// would set it later than the instant the guard counts from says).
+func TestRenewBatchOneClockInstant(t *testing.T) {
+	t.Parallel()
+	const renewTTL = 10 * time.Minute // later than any deadline the ticks make
+	b, path := openTest(t, Options{})
+	var reqs []sqllock.RenewRequest
+	for _, key := range []string{"a", "b"} {
+		l, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: "o1"})
+		require.NoError(t, err)
+		reqs = append(reqs, sqllock.RenewRequest{Lease: l, TTL: renewTTL})
+	}
+	ticking, err := Open(path, Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, ticking.Close()) })
+	ticking.renderQueries("sqllock_test_tick(" + nowMS + ")")
+
+	res, err := ticking.TryRenewBatch(testCtx(t), reqs)
+	require.NoError(t, err)
+	for _, r := range res {
+		require.NoError(t, r.Err)
+		require.Equal(t, r.Lease.BackendTime.Add(time.Duration(leaseMillis(renewTTL))*time.Millisecond), r.Lease.Deadline,
+			"%s: the deadline is not the batch's one instant plus the TTL", r.Lease.Key)
 	}
 }
