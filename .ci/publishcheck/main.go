@@ -83,8 +83,11 @@ func run(out, version string, dirs []string) error {
 		}
 		version = v
 	}
-	if semver.Canonical(version) != version || module.IsPseudoVersion(version) {
-		return fmt.Errorf("version %q: a release is tagged at a canonical semantic version (vX.Y.Z), not a pseudo-version, which no tag makes and no consumer can fetch", version)
+	if module.IsPseudoVersion(version) {
+		return fmt.Errorf("version %s is a pseudo-version: no tag makes it, so a consumer cannot fetch it; a release is tagged vX.Y.Z", version)
+	}
+	if semver.Canonical(version) != version {
+		return fmt.Errorf("version %q: a release is tagged at a canonical semantic version, vX.Y.Z", version)
 	}
 	var bad []string
 	for _, m := range mods {
@@ -93,7 +96,7 @@ func run(out, version string, dirs []string) error {
 		}
 		for _, r := range m.file.Require {
 			if published[r.Mod.Path] && r.Mod.Version != version {
-				bad = append(bad, fmt.Sprintf("%s/go.mod requires %s %s, not %s: the modules are tagged together, so it must name the version being tagged (a consumer cannot fetch any other that this commit is meant to be)",
+				bad = append(bad, fmt.Sprintf("%s/go.mod requires %s %s, not %s: the modules are tagged together, so it must name the version being tagged (bump it in the release commit: docs/releasing.md)",
 					m.dir, r.Mod.Path, r.Mod.Version, version))
 			}
 		}
