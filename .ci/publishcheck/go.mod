@@ -1,4 +1,4 @@
-module github.com/ashlock/ashlock/internal/publishcheck
+module publishcheck
 
 go 1.26.0
 
