@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/ashlock/ashlock => ..
 
 require (
-	github.com/ashlock/ashlock v0.0.0-00010101000000-000000000000
+	github.com/ashlock/ashlock v0.1.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/stdout/stdoutmetric v1.47.0
