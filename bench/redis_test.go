@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -35,11 +36,15 @@ func TestRedisArgsPairDurability(t *testing.T) {
 }
 
 // redisBin skips the test when the machine has no redis-server: the
-// bench's unit tests must pass without one.
+// bench's unit tests must pass without one, unless SQLLOCK_REQUIRE_REDIS=1
+// (CI sets it) makes a missing server a failure.
 func redisBin(t *testing.T) string {
 	t.Helper()
 	bin, err := findRedisServer()
 	if err != nil {
+		if os.Getenv("SQLLOCK_REQUIRE_REDIS") == "1" {
+			t.Fatalf("no Redis here, and SQLLOCK_REQUIRE_REDIS=1: %v", err)
+		}
 		t.Skipf("no Redis here: %v", err)
 	}
 	return bin
