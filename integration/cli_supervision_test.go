@@ -309,6 +309,11 @@ func TestSupervisionSIGSTOP(t *testing.T) {
 	w.waitStarted("b", 10*time.Second)
 	require.NoError(t, r1.Process.Signal(syscall.SIGCONT))
 	require.Equal(t, 76, exitCode(t, r1, 10*time.Second))
+	// It says what it knows: no renewal succeeded before the local
+	// deadline; not that the database could not be reached.
+	out, _ := os.ReadFile(filepath.Join(w.dir, "a.out"))
+	require.Contains(t, string(out), "its local deadline passed without a successful renewal")
+	require.NotContains(t, string(out), "could not be reached")
 	gaps := w.checkNoOverlap()
 	t.Logf("figures: SIGSTOP of sqllock run (TTL %v, TERM ignored): command killed %v after the stop, %v before the database deadline; next holder started %v after",
 		supTTL, gone.Sub(stopped).Round(time.Millisecond), dl.Sub(gone).Round(time.Millisecond), gaps[0].Round(time.Millisecond))
