@@ -166,7 +166,7 @@ func TestHalfOpenConnectionsLoseNoLease(t *testing.T) {
 			// next one, on the backend's aside connection, is answered.
 			margin := ttl/100 + 2*time.Millisecond
 			bound := (ttl - margin - ttl/3) / 2
-			require.Less(t, worst, bound+150*time.Millisecond, "a renewal did not recover within one attempt bound")
+			require.Less(t, worst, bound+300*time.Millisecond, "a renewal did not recover within one attempt bound")
 			require.GreaterOrEqual(t, st.HalfOpen, 1)
 			for _, g := range gs {
 				require.NoError(t, g.Release(ctx))
@@ -188,11 +188,14 @@ func TestElectionCandidateRecoversFromHalfOpenConnections(t *testing.T) {
 	db := pgtest.New(t)
 	ctx := t.Context()
 	migrateUp(ctx, t, db)
-	candidate := func(pool *pgxpool.Pool) *election.Election {
+	// The cut candidate polls a held key only every 2 s (and the terms
+	// last 10 s): a wake-up within a second of a resignation is the
+	// release's notification, never a poll, however slow the machine.
+	candidate := func(pool *pgxpool.Pool, backoff func(int) time.Duration) *election.Election {
 		be, err := postgres.New(pool, postgres.Options{Schema: db.Schema})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = be.Close() })
-		c, err := sqllock.New(be, sqllock.Options{TTL: 2 * time.Second})
+		c, err := sqllock.New(be, sqllock.Options{TTL: 10 * time.Second, Backoff: backoff})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = c.Close(context.Background()) })
 		e, err := election.New(c, election.Config{Name: "halfopen"})
@@ -200,8 +203,8 @@ func TestElectionCandidateRecoversFromHalfOpenConnections(t *testing.T) {
 		return e
 	}
 	pool, proxy := proxiedPool(t, db, 4, pgx.QueryExecModeCacheStatement)
-	cut := candidate(pool)
-	direct := candidate(db.Pool)
+	cut := candidate(pool, func(int) time.Duration { return 2 * time.Second })
+	direct := candidate(db.Pool, nil)
 
 	// handoff: direct leads, cut campaigns (and waits, watching the key),
 	// direct resigns; it returns how long cut took to lead after that.
@@ -239,8 +242,6 @@ func TestElectionCandidateRecoversFromHalfOpenConnections(t *testing.T) {
 		worst = max(worst, handoff())
 	}
 	t.Logf("RESULT test=TestElectionCandidateRecoversFromHalfOpenConnections handoffs=8 worst=%v since_cut=%v", worst, time.Since(cutAt))
-	// Woken by the release, not by polling (which sleeps up to 250 ms
-	// between attempts, uniformly: 8 handoffs all under 100 ms by polling
-	// alone would happen once in 1,500 runs).
-	require.Less(t, worst, 100*time.Millisecond, "the cut candidate was not woken by the leader's resignation")
+	// Woken by the release, not by polling (2 s between attempts).
+	require.Less(t, worst, time.Second, "the cut candidate was not woken by the leader's resignation")
 }
