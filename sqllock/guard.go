@@ -161,6 +161,11 @@ func (g *Guard) LocalDeadline() time.Time {
 	return g.local
 }
 
+// MaxHoldDeadline returns the monotonic instant at which the Guard ends
+// for its [AcquireOptions.MaxHold] (the acquire's send time + MaxHold),
+// or the zero time without one. The local deadline never passes it.
+func (g *Guard) MaxHoldDeadline() time.Time { return g.maxAt }
+
 // Context returns a context that is cancelled when the lease is lost (cause:
 // a [*LostError] matching [ErrLeaseLost]), released (cause [ErrReleased]), or
 // when the context passed to acquire ends. Read the reason with

@@ -25,6 +25,7 @@ func TestMaxHoldEndsGuard(t *testing.T) {
 		start := time.Now()
 		g, err := tb.client.TryAcquire(t.Context(), "k", &sqllock.AcquireOptions{MaxHold: maxHold})
 		require.NoError(t, err)
+		require.Equal(t, start.Add(maxHold), g.MaxHoldDeadline())
 		select {
 		case <-g.Done():
 		case <-time.After(10 * maxHold):
@@ -150,5 +151,9 @@ func TestMaxHoldRefused(t *testing.T) {
 	require.Zero(t, tb.b.n("acquire"), "refused before any I/O")
 	g, err := tb.client.TryAcquire(t.Context(), "k", &sqllock.AcquireOptions{MaxHold: sqllock.MinInterval})
 	require.NoError(t, err, "MinInterval is accepted")
+	_ = g.Release(t.Context())
+	g, err = tb.client.TryAcquire(t.Context(), "k", nil)
+	require.NoError(t, err)
+	require.True(t, g.MaxHoldDeadline().IsZero(), "no max hold")
 	_ = g.Release(t.Context())
 }
