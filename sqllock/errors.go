@@ -17,8 +17,8 @@ var (
 
 	// ErrLeaseLost means the lease is no longer valid: it expired, was taken
 	// by a newer token, was released (for example with `sqllock release
-	// --force`), or the backend could not be reached before the local
-	// deadline. The error is a [*LostError] with the reason. It is returned by
+	// --force`), the backend could not be reached before the local
+	// deadline, or the Guard reached its [AcquireOptions.MaxHold]. The error is a [*LostError] with the reason. It is returned by
 	// TryRenew and Release, and is the [context.Cause] of a lost Guard.
 	ErrLeaseLost = errors.New("sqllock: lease lost")
 
@@ -112,6 +112,10 @@ const (
 	// knows only that no renewal succeeded, not why; [LostError.Err] is the
 	// last renewal error, nil when no renewal failed.
 	LostUnreachable
+	// LostMaxHold: the Guard held the key for its [AcquireOptions.MaxHold]
+	// and was ended by its own client. The lease may still exist at the
+	// backend until its deadline; no renewal extends it any more.
+	LostMaxHold
 )
 
 func (r LostReason) String() string {
@@ -124,13 +128,16 @@ func (r LostReason) String() string {
 		return "released"
 	case LostUnreachable:
 		return "not renewed before the local deadline"
+	case LostMaxHold:
+		return "held for its maximum hold"
 	default:
 		return fmt.Sprintf("LostReason(%d)", int(r))
 	}
 }
 
 // Name returns the reason as one stable lower-case word, fit for a log
-// attribute or a metric label: expired, taken, released or unreachable.
+// attribute or a metric label: expired, taken, released, unreachable or
+// max_hold.
 func (r LostReason) Name() string {
 	switch r {
 	case LostExpired:
@@ -141,6 +148,8 @@ func (r LostReason) Name() string {
 		return "released"
 	case LostUnreachable:
 		return "unreachable"
+	case LostMaxHold:
+		return "max_hold"
 	default:
 		return "unknown"
 	}

@@ -27,6 +27,9 @@ type Guard struct {
 	token  int64
 	owner  string
 	parent context.Context // the acquire context
+	// maxAt is the acquire's send time + AcquireOptions.MaxHold, which the
+	// local deadline never passes; zero without a max hold.
+	maxAt time.Time
 	// watch ends the Guard when parent ends (nil when parent never ends,
 	// or once it has ended, been released or lost); guarded by the
 	// Client's mu.
@@ -90,6 +93,11 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 		sent = time.Now()
 	}
 	local := sent.Add(s.ttl - s.margin)
+	var maxAt time.Time
+	if s.maxHold > 0 {
+		maxAt = sent.Add(s.maxHold)
+		local = capAt(local, maxAt)
+	}
 	// time.Until reads only the monotonic clock: half the cost of
 	// time.Now().Before, which reads the wall clock too.
 	if time.Until(local) <= 0 {
@@ -101,7 +109,7 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 			Err: errors.New("the acquire reply arrived after the local deadline")}
 	}
 	g := &Guard{c: c, s: s.timings, key: l.Key, token: l.Token, owner: l.Owner, parent: parent,
-		deadline: l.Deadline, backendTime: l.BackendTime, value: l.Value, local: local, dueIdx: -1, expIdx: -1}
+		maxAt: maxAt, deadline: l.Deadline, backendTime: l.BackendTime, value: l.Value, local: local, dueIdx: -1, expIdx: -1}
 	g.observeStart(sent)
 
 	c.mu.Lock()
@@ -119,7 +127,11 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 		g.finished = true
 		return nil, ErrClosed
 	}
-	c.sched.add(g, sent.Add(s.interval), local)
+	due := sent.Add(s.interval)
+	if g.capped(local) {
+		due = time.Time{} // no renewal can extend it: none is sent
+	}
+	c.sched.add(g, due, local)
 	c.watchParent(g)
 	return g, nil
 }
@@ -148,6 +160,11 @@ func (g *Guard) LocalDeadline() time.Time {
 	defer g.mu.Unlock()
 	return g.local
 }
+
+// MaxHoldDeadline returns the monotonic instant at which the Guard ends
+// for its [AcquireOptions.MaxHold] (the acquire's send time + MaxHold),
+// or the zero time without one. The local deadline never passes it.
+func (g *Guard) MaxHoldDeadline() time.Time { return g.maxAt }
 
 // Context returns a context that is cancelled when the lease is lost (cause:
 // a [*LostError] matching [ErrLeaseLost]), released (cause [ErrReleased]), or
@@ -260,10 +277,28 @@ func (g *Guard) renew(ctx context.Context) (_ Lease, final error) {
 	return l, nil
 }
 
+// capAt returns local, or maxAt if that is earlier.
+func capAt(local, maxAt time.Time) time.Time {
+	if maxAt.Before(local) {
+		return maxAt
+	}
+	return local
+}
+
+// capped reports whether the local deadline local has reached the Guard's
+// max hold: no renewal can extend it, and the Guard ends there.
+func (g *Guard) capped(local time.Time) bool {
+	return !g.maxAt.IsZero() && !local.Before(g.maxAt)
+}
+
 // extendLocked applies a successful renewal sent at sent. Called with g.mu
 // held, before the local deadline.
 func (g *Guard) extendLocked(sent time.Time, l Lease) {
-	if nl := sent.Add(g.s.ttl - g.s.margin); nl.After(g.local) {
+	nl := sent.Add(g.s.ttl - g.s.margin)
+	if !g.maxAt.IsZero() {
+		nl = capAt(nl, g.maxAt)
+	}
+	if nl.After(g.local) {
 		g.local = nl
 	}
 	// Renewals may complete out of order. The value is the acquire's,
@@ -345,8 +380,13 @@ func (g *Guard) applyRenewal(b *batch, sent, replied time.Time, l Lease, err err
 // could not be sent.
 func (g *Guard) localDeadlinePassed() {
 	g.mu.Lock()
-	last := g.lastErr
+	last, maxHold := g.lastErr, g.capped(g.local)
 	g.mu.Unlock()
+	if maxHold {
+		// The deadline was the max hold: renewals could not have moved it.
+		g.lose(&LostError{Key: g.key, Token: g.token, Reason: LostMaxHold})
+		return
+	}
 	g.lose(&LostError{Key: g.key, Token: g.token, Reason: LostUnreachable, Err: last})
 }
 

@@ -129,6 +129,20 @@ type AcquireOptions struct {
 	// long as the job is shorter than the period. Zero: no minimum. See
 	// [AcquireRequest.MinHold]; within the TTL bounds ([ValidateTTL]).
 	MinHold time.Duration
+	// MaxHold caps how long the Guard may hold the key (ShedLock's
+	// lockAtMostFor, for a job that hangs): the Guard ends at the
+	// monotonic instant the successful acquire request was sent +
+	// MaxHold, or at its local deadline if that comes first, with a
+	// [*LostError] of reason [LostMaxHold]. It matches [ErrLeaseLost], so
+	// code that stops on a loss stops, and Do returns it. The Client
+	// sends no renewal once the local deadline has reached the cap, so
+	// the lease at the backend ends by its own deadline (at most a TTL
+	// after the last renewal); the Client does not release it at the cap,
+	// as the holder may still be running: its Release (Do's, when fn
+	// returns) releases it at once, so that the next run need not wait
+	// for the deadline. MaxHold never extends anything. Zero: no cap;
+	// otherwise at least [MinInterval] ([*OptionError] before any I/O).
+	MaxHold time.Duration
 }
 
 // DefaultBackoff waits 5ms·2^(attempt-1), capped at 250ms, with full jitter
@@ -171,7 +185,7 @@ var ErrInvalidOption = errors.New("sqllock: invalid option")
 // OptionError says which option is out of bounds, and the bound: a timing
 // that is not a TTL (ValidateTTL's errors are for TTLs).
 type OptionError struct {
-	Field string        // "RenewInterval", "RenewWindow", "Margin", "ReleaseTimeout" or "AcquireOptions.Wait"
+	Field string        // "RenewInterval", "RenewWindow", "Margin", "ReleaseTimeout", "AcquireOptions.Wait" or "AcquireOptions.MaxHold"
 	Value time.Duration // as given
 	Min   time.Duration // the smallest accepted value
 }
@@ -193,6 +207,7 @@ type settings struct {
 	timings
 	value   []byte
 	minHold time.Duration
+	maxHold time.Duration // zero: no cap
 }
 
 // timings are what a Guard keeps of its settings.
@@ -218,6 +233,12 @@ func (o *Options) settingsFor(ao *AcquireOptions) (settings, error) {
 			return s, fmt.Errorf("AcquireOptions.MinHold: %w", err)
 		}
 		s.minHold = ao.MinHold
+	}
+	if ao != nil && ao.MaxHold != 0 {
+		if ao.MaxHold < MinInterval {
+			return s, &OptionError{Field: "AcquireOptions.MaxHold", Value: ao.MaxHold, Min: MinInterval}
+		}
+		s.maxHold = ao.MaxHold
 	}
 	if ao != nil && len(ao.Value) > 0 {
 		if err := ValidateValue(ao.Value); err != nil {

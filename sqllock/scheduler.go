@@ -162,12 +162,15 @@ func newScheduler(c *Client) *scheduler {
 	return s
 }
 
-// add schedules a new Guard: its first renewal at due, its end at local.
+// add schedules a new Guard: its first renewal at due (none when zero: a
+// Guard capped by its max hold already), its end at local.
 func (s *scheduler) add(g *Guard, due, local time.Time) {
 	s.mu.Lock()
 	g.due, g.expAt = due, local
 	s.maxWindow = max(s.maxWindow, g.s.window)
-	s.due.push(g)
+	if !due.IsZero() {
+		s.due.push(g)
+	}
 	s.exp.push(g)
 	s.armLocked()
 	s.mu.Unlock()
@@ -396,6 +399,11 @@ func (s *scheduler) reschedule(g *Guard, b *batch, due, local time.Time, alone b
 		if local.After(g.expAt) {
 			g.expAt = local
 			s.exp.fix(g)
+		}
+		if g.capped(g.expAt) {
+			// The local deadline reached the max hold: no renewal can
+			// extend it, so none is sent; the Guard ends at it.
+			s.due.remove(g)
 		}
 		s.armLocked()
 	}

@@ -32,6 +32,7 @@ const (
 	ExitTempFail    = 75  // EX_TEMPFAIL: not acquired (held by another, or --wait ended)
 	ExitLeaseLost   = 76  // EX_PROTOCOL: the lease was lost while the command ran
 	ExitConfig      = 78  // EX_CONFIG: bad URL, lock table missing, unusable SQLite file
+	ExitMaxHold     = 124 // run: the command was stopped at its --max-hold (as timeout(1) exits)
 	ExitCannotExec  = 126 // the command was found but could not be started
 	ExitNotFound    = 127 // the command was not found
 	exitSignalBase  = 128 // 128+N: died by (or interrupted with) signal N
@@ -153,6 +154,7 @@ Exit statuses (all commands):
   78   configuration error: unknown URL scheme, bad URL, password or
        user refused, database missing, lock table missing, SQLite file
        read-only, not a database or in a missing directory
+  124  run: the command reached --max-hold and was stopped
   126  run, elect: the command could not be started
   127  run, elect: the command was not found
   128+N  run, elect: the command died by signal N, or sqllock was

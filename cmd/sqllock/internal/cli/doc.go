@@ -94,6 +94,10 @@
 //	         (PgBouncer: add default_query_exec_mode=exec to the URL and pass
 //	         --no-notify), or a SQLite file that waiting cannot make usable:
 //	         read-only, not a database, or in a directory that does not exist
+//	124      [ExitMaxHold]: run: the command reached --max-hold and was
+//	         stopped (SIGTERM --grace before, SIGKILL at it), as timeout(1)
+//	         exits 124 for a command it timed out. The lease was still
+//	         held until then: no other holder overlapped it.
 //	126      [ExitCannotExec]: run: the command could not be started
 //	127      [ExitNotFound]: run: the command was not found
 //	128+N    run: the command died by signal N (as shells report it), or

@@ -15,7 +15,7 @@ import (
 )
 
 const runUsage = `
-Usage: sqllock run --key KEY [--ttl 30s] [--wait 0] [--grace 10s] [flags] -- COMMAND [ARGS...]
+Usage: sqllock run --key KEY [--ttl 30s] [--wait 0] [--grace 10s] [--max-hold D] [flags] -- COMMAND [ARGS...]
 
 Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
 
@@ -32,6 +32,10 @@ Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
      With --min-hold D, KEY stays held until D after the grant (by the
      database clock) even when COMMAND exits sooner or sqllock dies: a
      second crontab firing the same job seconds later skips it.
+     With --max-hold D, a COMMAND that hangs is stopped D after the
+     acquire, as timeout(1) would: SIGTERM, SIGKILL --grace later (at
+     most ttl/3), and sqllock exits 124. The lease is renewed until the
+     SIGKILL and no longer: it is held at most D + that grace.
   4. SIGINT and SIGTERM sent to sqllock are forwarded to COMMAND, and sqllock
      waits for it to exit.
   5. COMMAND is not running after the lease's local deadline, whether
@@ -66,6 +70,8 @@ Exit status: COMMAND's own (128+N if it died by signal N), except
   76   the lease was lost while COMMAND ran; COMMAND was stopped (this wins
        over COMMAND's own status: its work may have overlapped another
        holder's)
+  124  COMMAND reached --max-hold and was stopped (the lease was held
+       until then)
   64   usage error; 69 database unreachable (with --wait, only once the
        wait is spent trying to connect); 78 configuration error: bad URL,
        password or user refused, database missing, lock table missing
@@ -80,6 +86,7 @@ Examples:
   sqllock run --key nightly-report -- ./report.sh --since yesterday
   sqllock run --key deploy --wait 5m --ttl 1m -- make deploy
   sqllock run --key hourly --min-hold 1m -- ./hourly.sh   # every host's crontab: runs once an hour
+  sqllock run --key nightly --max-hold 2h -- ./nightly.sh  # a nightly job that hangs is stopped at 2h
   sqllock run --key demo -- sh -c 'echo "token $SQLLOCK_TOKEN"'
   sqllock run --key nightly --log-format json -- ./nightly.sh 2>>/var/log/nightly.jsonl
 `
@@ -102,6 +109,7 @@ type runFlags struct {
 	ttl, wait  time.Duration
 	grace      time.Duration
 	minHold    time.Duration
+	maxHold    time.Duration // 0: none
 	command    []string
 	commandRaw string // COMMAND as given, for messages
 	// waitLeft is what is left of --wait after connecting.
@@ -121,6 +129,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
 	durationVar(fs, &f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
 	durationVar(fs, &f.minHold, "min-hold", 0, "keep KEY held at least this long after the grant, by the database clock, even when COMMAND ends sooner (SQLite, memory; 0: no minimum)")
+	durationVar(fs, &f.maxHold, "max-hold", 0, "stop COMMAND this long after the acquire (SIGTERM, SIGKILL --grace later, at most ttl/3) and exit 124; 0: no maximum")
 	durationVar(fs, &f.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL when COMMAND is stopped")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", ExitTempFail, "exit status when the lock is not acquired (0 to 255), to tell it from a COMMAND that exits 75 itself")
 	fs.BoolVar(&e.quiet, "quiet", false, "with --wait, do not print who holds the key while waiting")
@@ -148,10 +157,13 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"wait", f.wait}, {"grace", f.grace}, {"min-hold", f.minHold}} {
+	}{{"wait", f.wait}, {"grace", f.grace}, {"min-hold", f.minHold}, {"max-hold", f.maxHold}} {
 		if err := nonNegative(d.name, d.v); err != nil {
 			return err
 		}
+	}
+	if f.maxHold > 0 && f.maxHold < sqllock.MinInterval {
+		return fail(ExitUsage, "--max-hold %s: must be 0 (none) or at least %s", fmtDuration(f.maxHold), fmtDuration(sqllock.MinInterval))
 	}
 	if err := checkConflictCode(f.conflictCode); err != nil {
 		return err
@@ -288,6 +300,12 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 		err error
 	)
 	opts := &sqllock.AcquireOptions{TTL: f.ttl, MinHold: f.minHold}
+	if f.maxHold > 0 {
+		// The lease is held through the SIGKILL: the supervisor sends
+		// SIGTERM termLead before the local deadline, which the Guard
+		// caps here, so COMMAND gets SIGTERM at --max-hold.
+		opts.MaxHold = f.maxHold + termLead(f)
+	}
 	if f.wait == 0 {
 		g, err = client.TryAcquire(lockCtx, f.key, opts)
 	} else {
@@ -351,6 +369,15 @@ type tenure struct {
 	// deadline is the local deadline now: the supervisor stops COMMAND
 	// by it, whatever happens to this process.
 	deadline func() time.Time
+	// maxAt is the instant of --max-hold, which deadline never passes;
+	// zero without one.
+	maxAt time.Time
+}
+
+// atMaxHold reports whether the local deadline has reached --max-hold:
+// renewals no longer move it, and COMMAND is stopped by it.
+func (t tenure) atMaxHold() bool {
+	return !t.maxAt.IsZero() && !t.deadline().Before(t.maxAt)
 }
 
 // guardTenure is run's tenure: the lease of g.
@@ -358,6 +385,7 @@ func guardTenure(g *sqllock.Guard, key string) tenure {
 	lease := g.Lease()
 	return tenure{
 		cmd: "run", key: key, token: lease.Token, ctx: g.Context(), release: g.Release, deadline: g.LocalDeadline,
+		maxAt: g.MaxHoldDeadline(),
 		env: []string{
 			"SQLLOCK_KEY=" + key,
 			"SQLLOCK_TOKEN=" + strconv.FormatInt(lease.Token, 10),
@@ -375,7 +403,8 @@ func (e *env) releaseTenure(t tenure, f runFlags, retErr error, notStarted bool)
 	defer cancel()
 	rerr := t.release(rctx)
 	var s silentExit
-	lostBefore := errors.As(retErr, &s) && int(s) == ExitLeaseLost
+	// A stop at --max-hold ended COMMAND while the lease was still held.
+	lostBefore := errors.As(retErr, &s) && (int(s) == ExitLeaseLost || int(s) == ExitMaxHold)
 	switch {
 	case rerr == nil || lostBefore || notStarted:
 	case errors.Is(rerr, sqllock.ErrLeaseLost):
@@ -400,6 +429,8 @@ func lossReason(l *sqllock.LostError) string {
 		return s
 	case sqllock.LostExpired:
 		return "it expired before it could be renewed"
+	case sqllock.LostMaxHold:
+		return "it reached --max-hold"
 	case sqllock.LostUnreachable:
 		// What the client knows: no renewal succeeded in time. Why is
 		// known only when a renewal failed.

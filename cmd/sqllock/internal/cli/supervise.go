@@ -49,7 +49,7 @@ func (e *env) startSupervisor(t tenure, f runFlags) (*supervised, error) {
 	s := &supervised{tty: foregroundTTY(e.stdin), reports: make(chan []string, 16)}
 	cfg, _ := json.Marshal(supervisorConfig{
 		Path: f.command[0], Args: append([]string{f.commandRaw}, f.command[1:]...),
-		Grace: f.grace, Overdue: f.ttl / 3,
+		Grace: f.grace, Overdue: f.ttl / 3, // termLead(f) is the lesser of the two
 		Foreground: s.tty >= 0, JobPgid: syscall.Getpgrp(), Parent: os.Getpid(),
 	})
 	ctlR, ctlW, err := os.Pipe()
@@ -93,6 +93,11 @@ func (e *env) startSupervisor(t tenure, f runFlags) (*supervised, error) {
 	s.feed(t.deadline())
 	return s, nil
 }
+
+// termLead is how long before the local deadline the supervisor sends
+// SIGTERM once renewals no longer move it (its termAt): --grace, at most
+// the Overdue it is started with.
+func termLead(f runFlags) time.Duration { return min(f.grace, f.ttl/3) }
 
 // feed sends the local deadline d if it is new: the time left, and on
 // Linux the same instant on the monotonic clock the supervisor shares. The
@@ -227,6 +232,12 @@ func (e *env) feedSupervisor(s *supervised, t tenure, f runFlags, sigs <-chan os
 			if !errors.As(context.Cause(t.ctx), &lost) {
 				continue // released: only after COMMAND exited
 			}
+			if lost.Reason == sqllock.LostMaxHold {
+				// The supervisor stops COMMAND by the deadline, which is
+				// the max hold, on its own: a "stop" would give it
+				// --grace past it, while the lease may end sooner.
+				continue
+			}
 			if s.term != "" {
 				e.errorf("%s: lost the lease on %q (token %d): %s", name, t.key, t.token, lossReason(lost))
 				continue
@@ -247,6 +258,11 @@ func (e *env) reportTerm(s *supervised, t tenure, f runFlags, why string) {
 			name, f.commandRaw, min(f.grace, left))
 		return
 	}
+	if t.atMaxHold() {
+		e.errorf("%s: %s reached --max-hold %v on %q (token %d); stopping it: SIGTERM now, SIGKILL in %v if it still runs",
+			name, f.commandRaw, f.maxHold, t.key, t.token, left)
+		return
+	}
 	e.errorf("%s: the lease on %q (token %d) was not renewed in time (%v left); stopping %s before it ends: SIGTERM now, SIGKILL at its local deadline if it still runs",
 		name, t.key, t.token, left, f.commandRaw)
 }
@@ -259,8 +275,15 @@ func (e *env) commandOutcome(s *supervised, t tenure, f runFlags, lost *sqllock.
 		e.log.Info(name+": command exited", "key", t.key, "token", t.token, "command", f.commandRaw, "status", s.code)
 	}
 	stopped := lost != nil || s.term == "overdue"
+	maxHold := (lost != nil && lost.Reason == sqllock.LostMaxHold) || (lost == nil && t.atMaxHold())
 	if !stopped {
-		if errors.As(context.Cause(t.ctx), &lost) {
+		if errors.As(context.Cause(t.ctx), &lost) && lost.Reason == sqllock.LostMaxHold {
+			// Ended at the max hold as COMMAND exited: the lease was
+			// held until then, so no other holder overlapped it.
+			e.errorf("%s: %s reached --max-hold on %q (token %d) as it exited; exit status %d", name, f.commandRaw, t.key, t.token, ExitMaxHold)
+			return silentExit(ExitMaxHold)
+		}
+		if lost != nil {
 			// Lost at the moment COMMAND exited: its work may have
 			// overlapped another holder's all the same.
 			e.errorf("%s: lost the lease on %q (token %d) as %s exited: %s", name, t.key, t.token, f.commandRaw, lossReason(lost))
@@ -277,6 +300,11 @@ func (e *env) commandOutcome(s *supervised, t tenure, f runFlags, lost *sqllock.
 		how += fmt.Sprintf("; SIGKILL sent after the %v grace", f.grace)
 	case "deadline":
 		how += "; SIGKILL sent at the lease's local deadline"
+	}
+	if maxHold && s.term != "stop" {
+		e.errorf("%s: %s was stopped because it reached --max-hold %v on %q (%s); exit status %d",
+			name, f.commandRaw, f.maxHold, t.key, how, ExitMaxHold)
+		return silentExit(ExitMaxHold)
 	}
 	why := "was lost"
 	if lost == nil {
