@@ -263,8 +263,8 @@ func NewProvider(d Dialect, db *sql.DB, o Options, opts ...goose.ProviderOption)
 // lock another connection holds (waiting could deadlock; a DSN with
 // _txlock=immediate avoids this one), or when connections opened at the same
 // time switch a fresh file to WAL. The retries stop at ctx's end, after 30s
-// in all, or when "already exists" persists over a few attempts (a table
-// made outside these migrations); Up then returns the last error. Any other
+// in all, or when the same "already exists" persists over a few attempts (a
+// table made outside these migrations); Up then returns the last error. Any other
 // error is returned at once.
 func Up(ctx context.Context, d Dialect, db *sql.DB, o Options) error {
 	if d == SQLite {
@@ -291,7 +291,7 @@ const (
 // a concurrent Up (see Up).
 func upSQLite(ctx context.Context, db *sql.DB, o Options) error {
 	start := time.Now()
-	exists := 0
+	exists, lastExists := 0, ""
 	for attempt := 1; ; attempt++ {
 		// A fresh provider for every attempt: goose creates its version
 		// table at most once per provider (a sync.Once) and, when that
@@ -306,7 +306,13 @@ func upSQLite(ctx context.Context, db *sql.DB, o Options) error {
 		}
 		switch {
 		case isSQLiteBusy(err):
-		case isSQLiteExists(err) && exists < sqliteUpMaxExists:
+		case isSQLiteExists(err) && (exists < sqliteUpMaxExists || err.Error() != lastExists):
+			// Counted per error: each migration a loser finds applied
+			// (a table, then a column, ...) is one more race lost, not
+			// an "already exists" that persists.
+			if err.Error() != lastExists {
+				exists, lastExists = 0, err.Error()
+			}
 			exists++
 		default:
 			return fmt.Errorf("migrations: up: %w", err)
