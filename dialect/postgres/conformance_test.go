@@ -71,7 +71,6 @@ func (p pollOnly) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 // rules of it.
 func harness(newBackend func(t *testing.T) sqllock.Backend, mayskip ...string) backendtest.Harness {
 	return backendtest.Harness{
-		NoMinHold: true, // not yet: refused, never dropped
 		New: func(t *testing.T) sqllock.Backend {
 			t.Cleanup(func() {
 				if t.Skipped() && !slices.Contains(mayskip, path.Base(t.Name())) {
@@ -87,7 +86,7 @@ func harness(newBackend func(t *testing.T) sqllock.Backend, mayskip ...string) b
 			pb := unwrap(b)
 			_, err := pb.pool.Exec(testCtx(t), "INSERT INTO "+pb.table+` (key, token, held, deadline, owner)
 				VALUES ($1, $2, false, clock_timestamp(), 'settoken')
-				ON CONFLICT (key) DO UPDATE SET token = excluded.token, held = false`, key, token)
+				ON CONFLICT (key) DO UPDATE SET token = excluded.token, held = false, hold_until = NULL`, key, token)
 			require.NoError(t, err)
 		},
 	}

@@ -157,8 +157,8 @@ func isConnectionError(err error) bool {
 }
 
 // missingColumn reports the server's refusal of a statement that names a
-// column of a later migration (00003's "waited", 00004's "value") on a
-// table that does not have it.
+// column of a later migration (00003's "waited", 00004's "value", 00005's
+// "hold_until") on a table that does not have it.
 func missingColumn(err error, column string) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
 	// `column "value" of relation ... does not exist`, `column c.value does not exist`

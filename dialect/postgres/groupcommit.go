@@ -282,7 +282,7 @@ type acquireMember = gcMember[sqllock.AcquireRequest, sqllock.Lease]
 // sendAcquires sends members (distinct keys) as one acquireBatchSQL.
 func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 	st := b.stmts.Load()
-	if st != b.marked {
+	if st != b.full {
 		// The table lacks a column of the batch statement: alone, each
 		// gets the forms without it (withStatements).
 		for _, m := range members {
@@ -295,9 +295,10 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 	micros := make([]int64, len(members))
 	owners := make([]string, len(members))
 	values := make([][]byte, len(members))
+	holds := make([]int64, len(members))
 	for i, m := range members {
 		at[m.key] = i
-		keys[i], micros[i], owners[i] = m.req.Key, leaseMicros(m.req.TTL), m.req.Owner
+		keys[i], micros[i], owners[i], holds[i] = m.req.Key, leaseMicros(m.req.TTL), m.req.Owner, holdMicros(m.req.MinHold)
 		if len(m.req.Value) > 0 {
 			values[i] = m.req.Value // else nil: NULL
 		}
@@ -306,7 +307,7 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 	got := make([]bool, len(members))
 	var key string
 	var r acquireRow
-	err := b.queryRows(ctx, b.acquireBatchSQL, []any{keys, micros, owners, values},
+	err := b.queryRows(ctx, b.acquireBatchSQL, []any{keys, micros, owners, values, holds},
 		[]any{&key, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.skipped, &r.value}, func() error {
 			i, ok := at[key]
 			if !ok {
@@ -335,7 +336,7 @@ type releaseMember = gcMember[sqllock.Lease, struct{}]
 
 // sendReleases sends members (distinct keys) as one releaseBatchSQL.
 func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
-	if b.stmts.Load() != b.marked {
+	if b.stmts.Load() != b.full {
 		for _, m := range members {
 			m.err = errAlone
 		}

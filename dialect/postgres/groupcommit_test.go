@@ -457,7 +457,7 @@ func TestGroupCommitGrantsDurable(t *testing.T) {
 	require.NoError(t, err)
 	rows, err := tx.Query(ctx, b.acquireBatchSQL, []string{"g1", "held", "g2"},
 		[]int64{leaseMicros(time.Minute), leaseMicros(time.Minute), leaseMicros(time.Minute)},
-		[]string{"o", "o", "o"}, [][]byte{nil, nil, []byte("v")})
+		[]string{"o", "o", "o"}, [][]byte{nil, nil, []byte("v")}, []int64{0, 0, 0})
 	require.NoError(t, err)
 	granted := map[string]bool{}
 	for rows.Next() {
@@ -757,11 +757,11 @@ func TestGroupCommitRefusalLocksNoRow(t *testing.T) {
 	batch := func(tx pgx.Tx, keys ...string) map[string]bool {
 		t.Helper()
 		n := len(keys)
-		micros, owners, values := make([]int64, n), make([]string, n), make([][]byte, n)
+		micros, owners, values, holds := make([]int64, n), make([]string, n), make([][]byte, n), make([]int64, n)
 		for i := range keys {
 			micros[i], owners[i] = leaseMicros(time.Minute), "o"
 		}
-		rows, err := tx.Query(ctx, b.acquireBatchSQL, keys, micros, owners, values)
+		rows, err := tx.Query(ctx, b.acquireBatchSQL, keys, micros, owners, values, holds)
 		require.NoError(t, err)
 		granted := map[string]bool{}
 		for rows.Next() {

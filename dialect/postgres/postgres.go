@@ -158,7 +158,7 @@ type Backend struct {
 	// The statements, with the table filled in.
 	renewSQL, renewBatchSQL, peekSQL, fenceSQL, channelSQL string
 	// The group commit's batch statements (groupcommit.go), in the forms
-	// with every column (b.marked).
+	// with every column (b.full).
 	acquireBatchSQL, releaseBatchSQL string
 
 	// acquireQ and releaseQ coalesce concurrent TryAcquire and Release
@@ -166,10 +166,12 @@ type Backend struct {
 	acquireQ *gcQueue[sqllock.AcquireRequest, sqllock.Lease]
 	releaseQ *gcQueue[sqllock.Lease, struct{}]
 	// stmts are the statements that use the columns of migrations 00003
-	// ("waited") and 00004 ("value"), or, once a statement met a table
-	// without them, their forms without (see withStatements).
-	stmts                   atomic.Pointer[markStatements]
-	marked, noValue, legacy *markStatements
+	// ("waited"), 00004 ("value") and 00005 ("hold_until"), or, once a
+	// statement met a table without them, their forms without (see
+	// withStatements): full has every column, marked all but hold_until,
+	// noValue only waited, legacy none.
+	stmts                         atomic.Pointer[markStatements]
+	full, marked, noValue, legacy *markStatements
 
 	beforeRacePeek func() // tests: runs before releaseRaced reads the row
 
@@ -199,11 +201,11 @@ type Backend struct {
 // markStatements are the statements that read or write the columns added
 // after 00002: acquire is acquireSQL, acquireWait its waiting form, which
 // marks a held row for its release to notify (TryAcquire sends it while the
-// key is watched), release is releaseSQL and list listSQL. waited and value
-// tell which columns they use.
+// key is watched), release is releaseSQL and list listSQL. waited, value
+// and hold tell which columns they use.
 type markStatements struct {
 	acquire, acquireWait, release, list string
-	waited, value                       bool
+	waited, value, hold                 bool
 }
 
 var (
@@ -263,7 +265,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Backend, error) {
 		// literal (for ::regclass) it needs no escaping.
 		return strings.ReplaceAll(q, "{{table_literal}}", "'"+quoted+"'")
 	}
-	forms := func(waited, value bool) *markStatements {
+	forms := func(waited, value, hold bool) *markStatements {
 		setWaited, waitedCol := setWaitedSQL, waitedSQL
 		if !waited {
 			setWaited, waitedCol = legacySetWaited, legacyWaited
@@ -274,13 +276,22 @@ func New(pool *pgxpool.Pool, opts Options) (*Backend, error) {
 			valueParts = strings.NewReplacer("{{set_value}}", "", "{{value_column}}", "",
 				"{{value_arg}}", "", "{{holder_value}}", noValueSQL, "{{list_value}}", noValueSQL)
 		}
-		acquire := valueParts.Replace(strings.ReplaceAll(acquireSQL, "{{set_waited}}", setWaited))
+		holdParts := strings.NewReplacer("{{grant_micros}}", grantMicrosSQL, "{{set_hold}}", setHoldSQL,
+			"{{hold_passed}}", holdPassedSQL, "{{hold_column}}", holdColumnSQL, "{{hold_arg}}", holdArgSQL,
+			"{{taken}}", takenSQL, "{{release_hold}}", releaseHoldSQL, "{{list_taken}}", listTakenSQL)
+		if !hold {
+			holdParts = strings.NewReplacer("{{grant_micros}}", noHoldGrantMicros, "{{set_hold}}", "",
+				"{{hold_passed}}", noHoldPassed, "{{hold_column}}", "", "{{hold_arg}}", "",
+				"{{taken}}", noHoldTaken, "{{release_hold}}", "", "{{list_taken}}", noHoldListTaken)
+		}
+		acquire := holdParts.Replace(valueParts.Replace(strings.ReplaceAll(acquireSQL, "{{set_waited}}", setWaited)))
 		m := &markStatements{
 			acquire: fill(strings.NewReplacer("{{mark_cte}}", "", "{{changed}}", "false").Replace(acquire)),
-			release: fill(strings.ReplaceAll(releaseSQL, "{{waited}}", waitedCol)),
-			list:    fill(valueParts.Replace(listSQL)),
+			release: fill(holdParts.Replace(strings.ReplaceAll(releaseSQL, "{{waited}}", waitedCol))),
+			list:    fill(holdParts.Replace(valueParts.Replace(listSQL))),
 			waited:  waited,
 			value:   value,
+			hold:    hold,
 		}
 		m.acquireWait = m.acquire
 		if b.notify && waited {
@@ -288,8 +299,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Backend, error) {
 		}
 		return m
 	}
-	b.marked, b.noValue, b.legacy = forms(true, true), forms(true, false), forms(false, false)
-	b.stmts.Store(b.marked)
+	b.full, b.marked = forms(true, true, true), forms(true, true, false)
+	b.noValue, b.legacy = forms(true, false, false), forms(false, false, false)
+	b.stmts.Store(b.full)
 	b.acquireBatchSQL = fill(acquireBatchSQL)
 	notifyBatch := "0"
 	if b.notify {
@@ -348,6 +360,15 @@ func micros(ttl time.Duration) int64 {
 // send time + ttl, whatever margin the client uses.
 func leaseMicros(ttl time.Duration) int64 { return micros(ttl) + 1 }
 
+// holdMicros is what a grant adds to its "now" for a minimum hold: as
+// leaseMicros, so that grant + hold is never earlier than asked; 0 for none.
+func holdMicros(hold time.Duration) int64 {
+	if hold == 0 {
+		return 0
+	}
+	return leaseMicros(hold)
+}
+
 // TryAcquire implements [sqllock.Backend.TryAcquire] in one statement (see
 // acquireSQL). A refusal reports the holder, its token and remaining time by
 // the database clock, read in the same round trip; when two first acquires
@@ -373,9 +394,6 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
 	}
-	if req.MinHold != 0 {
-		return sqllock.Lease{}, fmt.Errorf("%w: %s (not yet)", sqllock.ErrMinHoldUnsupported, "postgres")
-	}
 	if err := ctx.Err(); err != nil {
 		return sqllock.Lease{}, notSent(opAcquire, req.Key, err)
 	}
@@ -391,7 +409,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 // tryAcquire sends req alone, in the waiting form when watched.
 func (b *Backend) tryAcquire(ctx context.Context, req sqllock.AcquireRequest, watched bool) (sqllock.Lease, error) {
 	var r acquireRow
-	err := b.withStatements(len(req.Value) > 0, func(st *markStatements) error {
+	err := b.withStatements(len(req.Value) > 0, req.MinHold != 0, func(st *markStatements) error {
 		q := st.acquire
 		if watched {
 			q = st.acquireWait
@@ -403,6 +421,9 @@ func (b *Backend) tryAcquire(ctx context.Context, req sqllock.AcquireRequest, wa
 				v = req.Value
 			}
 			args = append(args, v)
+		}
+		if st.hold {
+			args = append(args, holdMicros(req.MinHold))
 		}
 		r.value = nil
 		return b.queryRow(ctx, q, args, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.changed, &r.value)
@@ -420,12 +441,18 @@ func (b *Backend) tryAcquire(ctx context.Context, req sqllock.AcquireRequest, wa
 // 00003's "waited" they keep no mark, and every release notifies, as before
 // 00003; without 00004's "value" no value is stored or read, and a request
 // that needs one (needValue) fails with [sqllock.ErrSchemaMissing] instead,
-// before anything is sent. A Backend built after the migrations uses them.
-func (b *Backend) withStatements(needValue bool, send func(*markStatements) error) error {
+// before anything is sent; so does, without 00005's "hold_until", a request
+// with a minimum hold (needHold), which is never silently ignored. A
+// Backend built after the migrations uses them.
+func (b *Backend) withStatements(needValue, needHold bool, send func(*markStatements) error) error {
 	for {
 		st := b.stmts.Load()
 		if needValue && !st.value {
 			return fmt.Errorf("%w: table %s lacks the \"value\" column of migration 00004 (run `sqllock migrate up`, then rebuild the Backend)",
+				sqllock.ErrSchemaMissing, b.table)
+		}
+		if needHold && !st.hold {
+			return fmt.Errorf("%w: table %s lacks the \"hold_until\" column of migration 00005, which a minimum hold needs (run `sqllock migrate up`, then rebuild the Backend)",
 				sqllock.ErrSchemaMissing, b.table)
 		}
 		err := send(st)
@@ -434,6 +461,11 @@ func (b *Backend) withStatements(needValue bool, send func(*markStatements) erro
 			if b.stmts.CompareAndSwap(st, b.legacy) {
 				b.log.Warn("sqllock/postgres: the lock table lacks the \"waited\" column of migration 00003; "+
 					"every release notifies until this Backend is rebuilt after `sqllock migrate up`", "table", b.table)
+			}
+		case st.hold && missingColumn(err, "hold_until"):
+			if b.stmts.CompareAndSwap(st, b.marked) {
+				b.log.Warn("sqllock/postgres: the lock table lacks the \"hold_until\" column of migration 00005; "+
+					"acquires with a minimum hold fail until this Backend is rebuilt after `sqllock migrate up`", "table", b.table)
 			}
 		case st.value && missingColumn(err, "value"):
 			if b.stmts.CompareAndSwap(st, b.noValue) {
@@ -620,7 +652,7 @@ func (b *Backend) release(ctx context.Context, l sqllock.Lease) error {
 		deadline, now         time.Time
 		owner                 string
 	)
-	err := b.withStatements(false, func(st *markStatements) error {
+	err := b.withStatements(false, false, func(st *markStatements) error {
 		return b.queryRowVia(ctx, sendOpts{pooler: true, aside: true}, st.release, []any{l.Key, l.Token, l.Owner},
 			&released, &valid, &current, &held, &deadline, &owner, &now, &notified)
 	})
@@ -699,7 +731,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 	}
 	var out []sqllock.LockInfo
 	list := func() error {
-		return b.withStatements(false, func(st *markStatements) error {
+		return b.withStatements(false, false, func(st *markStatements) error {
 			out = out[:0]
 			rows, err := b.pool.Query(ctx, st.list, prefix)
 			if err != nil {

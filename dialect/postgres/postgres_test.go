@@ -53,7 +53,7 @@ func TestNew(t *testing.T) {
 	b, err := New(&pgxpool.Pool{}, Options{Schema: "Mixed", Table: "select"})
 	require.NoError(t, err)
 	require.Equal(t, `"Mixed"."select"`, b.table)
-	require.Contains(t, b.marked.acquire, `INSERT INTO "Mixed"."select"`)
+	require.Contains(t, b.full.acquire, `INSERT INTO "Mixed"."select"`)
 	require.Contains(t, b.channelSQL, `'"Mixed"."select"'::regclass`)
 }
 
@@ -254,7 +254,7 @@ func TestFailedAcquireWritesNothing(t *testing.T) {
 	}
 	xid := xidAfter(func(tx pgx.Tx) {
 		for i := range 10 {
-			r := txAcquire(t, tx, b.marked.acquire, sqllock.AcquireRequest{Key: "hot", TTL: time.Minute, Owner: fmt.Sprint("w", i)})
+			r := txAcquire(t, tx, b.full.acquire, sqllock.AcquireRequest{Key: "hot", TTL: time.Minute, Owner: fmt.Sprint("w", i)})
 			require.False(t, r.granted)
 			require.Equal(t, "holder", r.owner)
 		}
@@ -270,10 +270,10 @@ func TestFailedAcquireWritesNothing(t *testing.T) {
 	require.NotNil(t, xid, "control: a refused upsert should assign a transaction id")
 
 	walOf := func(sql string, args ...any) (records, bytes int64) { return planWAL(t, b, sql, args...) }
-	records, bytes := walOf(b.marked.acquire, append(args, nil)...)
+	records, bytes := walOf(b.full.acquire, append(args, nil, int64(0))...)
 	require.Zero(t, records, "a refused TryAcquire wrote WAL (%d bytes)", bytes)
 	// Control: the count sees the statement's CTEs (a grant writes).
-	records, _ = walOf(b.marked.acquire, "free", int64(60_000_000), "w", nil)
+	records, _ = walOf(b.full.acquire, "free", int64(60_000_000), "w", nil, int64(0))
 	require.Positive(t, records, "control: a granting TryAcquire should write WAL")
 	records, bytes = walOf(upsert, args...)
 	require.Positive(t, records, "control: a refused upsert should write WAL (a row lock)")
@@ -344,7 +344,7 @@ func TestRefusedAcquireWALWhileRenewed(t *testing.T) {
 		var err error
 		l, err = b.TryRenew(ctx, l, time.Hour)
 		require.NoError(t, err)
-		r, by := planWAL(t, b, b.marked.acquire, "hot", int64(60_000_000), "waiter", nil)
+		r, by := planWAL(t, b, b.full.acquire, "hot", int64(60_000_000), "waiter", nil, int64(0))
 		records += r
 		bytes += by
 		if r > 0 {
@@ -400,7 +400,7 @@ func TestSynchronousCommitPerStatement(t *testing.T) {
 		req := sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o1"}
 		var l sqllock.Lease
 		require.Equal(t, "on", inTx("off", func(tx pgx.Tx) {
-			r := txAcquire(t, tx, b.marked.acquire, req)
+			r := txAcquire(t, tx, b.full.acquire, req)
 			require.True(t, r.granted)
 			require.EqualValues(t, 1, r.token, "the key's first grant (the insert arm)")
 			l = sqllock.Lease{Key: "k", Token: r.token, Owner: "o1"}
@@ -416,7 +416,7 @@ func TestSynchronousCommitPerStatement(t *testing.T) {
 			require.Equal(t, "off", inTx("on", release))
 		}
 		require.Equal(t, "on", inTx("off", func(tx pgx.Tx) {
-			r := txAcquire(t, tx, b.marked.acquire, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o2"})
+			r := txAcquire(t, tx, b.full.acquire, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o2"})
 			require.True(t, r.granted)
 			require.EqualValues(t, 2, r.token, "a new tenure of a released key (the update arm)")
 		}), "a grant by the update arm must commit synchronously")

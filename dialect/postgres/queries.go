@@ -130,15 +130,15 @@ WITH upd AS (
         held = true,
         deadline = CASE WHEN l.held AND l.deadline > statement_timestamp()
                         THEN greatest(l.deadline, statement_timestamp() + $2::bigint * interval '1 microsecond')
-                        ELSE statement_timestamp() + $2::bigint * interval '1 microsecond' END,
-        owner = $3{{set_waited}}{{set_value}}
+                        ELSE statement_timestamp() + {{grant_micros}} * interval '1 microsecond' END,
+        owner = $3{{set_waited}}{{set_value}}{{set_hold}}
     WHERE l.key = $1
       AND ((l.held AND l.deadline > statement_timestamp() AND l.owner = $3)
-           OR ((NOT l.held OR l.deadline <= statement_timestamp()) AND l.token < 9223372036854775807))
+           OR (((NOT l.held AND {{hold_passed}}) OR l.deadline <= statement_timestamp()) AND l.token < 9223372036854775807))
     RETURNING l.token, l.deadline, {{durable}} AS durable
 ), ins AS (
-    INSERT INTO {{table}} AS l (key, token, held, deadline, owner{{value_column}})
-    SELECT $1, 1, true, statement_timestamp() + $2::bigint * interval '1 microsecond', $3{{value_arg}}
+    INSERT INTO {{table}} AS l (key, token, held, deadline, owner{{value_column}}{{hold_column}})
+    SELECT $1, 1, true, statement_timestamp() + {{grant_micros}} * interval '1 microsecond', $3{{value_arg}}{{hold_arg}}
     WHERE NOT EXISTS (SELECT FROM upd) AND NOT EXISTS (SELECT FROM {{table}} WHERE key = $1)
     ON CONFLICT (key) DO UPDATE
     SET deadline = greatest(l.deadline, excluded.deadline)
@@ -148,7 +148,7 @@ WITH upd AS (
 SELECT u.token IS NOT NULL OR i.token IS NOT NULL AS granted,
        coalesce(u.token, i.token, c.token, 0) AS token,
        coalesce(u.deadline, i.deadline, c.deadline, statement_timestamp()) AS deadline,
-       coalesce(u.token IS NOT NULL OR i.token IS NOT NULL OR c.held, false) AS held,
+       coalesce(u.token IS NOT NULL OR i.token IS NOT NULL OR {{taken}}, false) AS held,
        CASE WHEN u.token IS NULL AND i.token IS NULL THEN coalesce(c.owner, '') ELSE '' END AS owner,
        statement_timestamp() AS now,
        u.token IS NULL AND i.token IS NULL AND {{changed}} AS changed,
@@ -205,6 +205,59 @@ const (
 	listValueSQL   = `l.value`
 	noValueSQL     = `NULL::bytea`
 )
+
+// A minimum hold (migration 00005's "hold_until" column, timestamptz,
+// NULL for none; sqllock.AcquireRequest.MinHold) fills acquireSQL's
+// {{grant_micros}}, {{set_hold}}, {{hold_passed}}, {{hold_column}},
+// {{hold_arg}} and {{taken}}, releaseSQL's {{release_hold}} and listSQL's
+// {{list_taken}}. acquireSQL's $5 is the min hold in microseconds (rounded
+// up, as a TTL; 0 for none). A grant of a new tenure sets the deadline to
+// now + the longer of TTL and min hold, and hold_until to now + min hold,
+// so a holder that crashes keeps the key until the later of the two; a
+// same-owner repeat keeps hold_until. No renewal moves a deadline back
+// (greatest() in renewSQL and renewBatchSQL), so none moves it before
+// hold_until either, and they need no part of their own. A release by the
+// holder itself before hold_until keeps the key taken until then
+// (releaseHoldSQL); such a row is released (held false) but "taken": its
+// deadline is hold_until, later than now, and no acquire may grant it
+// ({{hold_passed}} is false); List shows it held and a refused acquire
+// reports it with its owner and token ({{taken}}, {{list_taken}}). The
+// waiter's mark and the fenced transaction read held only: a released row
+// inside its hold has nothing to notify for and cannot be fenced.
+//
+// On a table without the column (not yet migrated) the Backend uses the
+// forms without it (noHold*), as it does for "value", and refuses a request
+// with a min hold with sqllock.ErrSchemaMissing (see Backend.withStatements).
+const (
+	grantMicrosSQL = `greatest($2::bigint, $5::bigint)`
+	setHoldSQL     = `,
+        hold_until = CASE WHEN l.held AND l.deadline > statement_timestamp() THEN l.hold_until
+                          WHEN $5::bigint > 0 THEN statement_timestamp() + $5::bigint * interval '1 microsecond' END`
+	holdPassedSQL = `coalesce(l.hold_until <= statement_timestamp(), true)`
+	holdColumnSQL = `, hold_until`
+	holdArgSQL    = `,
+           CASE WHEN $5::bigint > 0 THEN statement_timestamp() + $5::bigint * interval '1 microsecond' END`
+	takenSQL     = `(c.held OR coalesce(c.hold_until > statement_timestamp(), false))`
+	listTakenSQL = `(l.held OR coalesce(l.hold_until > n.now, false))`
+
+	noHoldGrantMicros = `$2::bigint`
+	noHoldPassed      = `true`
+	noHoldTaken       = `c.held`
+	noHoldListTaken   = `l.held`
+)
+
+// releaseHoldSQL fills releaseSQL's {{release_hold}} on a table with
+// "hold_until": a release by the lease's own owner ($3 is the lease's
+// owner; the SET expressions read the row as it was) before its
+// hold_until, of a lease still valid, sets the deadline to hold_until, so
+// the key stays taken until then by the database clock, by the same owner
+// and token; after it, or of an expired lease, the deadline stays. A
+// release by another owner (a forced release) clears hold_until, so the
+// key is free at once. releaseBatchSQL keeps the same rule per lease.
+const releaseHoldSQL = `,
+        deadline = CASE WHEN l.owner = $3 AND l.hold_until > statement_timestamp() AND l.deadline > statement_timestamp()
+                        THEN l.hold_until ELSE l.deadline END,
+        hold_until = CASE WHEN l.owner = $3 THEN l.hold_until END`
 
 // renewSQL extends lease ($1, $2) to now + $3 microseconds iff it is held
 // and unexpired. It returns one row when the key has a row (none when it
@@ -287,6 +340,12 @@ LEFT JOIN {{table}} AS c ON c.key = r.key AND u.key IS NULL`
 // over the key's row and a left join with the UPDATE: no branch that is
 // set up on every execution to run only when nothing was released.
 //
+// With a minimum hold ({{release_hold}}, releaseHoldSQL) the holder's own
+// release inside it moves the deadline back to hold_until, and "valid"
+// reads the new deadline, never later than the old: a release that waited
+// on a row lock past hold_until may report as expired a lease whose own
+// deadline had not passed, never the reverse.
+//
 // It commits asynchronously unless Options.DurableRelease is set:
 // {{release_commit}} becomes set_config('synchronous_commit', 'off', true),
 // which, evaluated in the RETURNING of a row it released, lasts until the
@@ -318,7 +377,7 @@ LEFT JOIN {{table}} AS c ON c.key = r.key AND u.key IS NULL`
 const releaseSQL = `
 WITH upd AS (
     UPDATE {{table}} AS l
-    SET held = false, owner = $3
+    SET held = false, owner = $3{{release_hold}}
     WHERE l.key = $1 AND l.token = $2 AND l.held
     RETURNING l.deadline > clock_timestamp() AS valid, {{waited}} AS waited, {{release_commit}} AS commit
 )
@@ -345,7 +404,7 @@ SELECT token, held, deadline, owner, clock_timestamp() FROM {{table}} WHERE key 
 // listSQL lists the keys that start with $1 (compared as text, so "%" and
 // "_" are literal), in byte order (COLLATE "C", the order of Go strings).
 const listSQL = `
-SELECT l.key, l.token, l.owner, l.held AND l.deadline > n.now AS live, l.deadline, n.now,
+SELECT l.key, l.token, l.owner, {{list_taken}} AND l.deadline > n.now AS live, l.deadline, n.now,
        {{list_value}} AS value
 FROM {{table}} AS l, (SELECT clock_timestamp() AS now) AS n
 WHERE left(l.key, length($1)) = $1
@@ -421,20 +480,29 @@ const channelSQL = `SELECT 'sqllock.' || {{table_literal}}::regclass::oid::text`
 // owner (the holder's on refusal), the database time used, skipped and
 // the holder's value (on refusal; NULL otherwise). The refusal columns come
 // from the snapshot, read only for keys that were not granted.
+//
+// It is the form with every column (migrations 00003 to 00005; the Backend
+// sends it only while it uses those forms), with acquireSQL's min-hold
+// rules per key: $5[i] is the min hold in microseconds (0 for none), a new
+// tenure's deadline is now + the longer of TTL and min hold and its
+// hold_until now + min hold, a same-owner repeat keeps hold_until, a key
+// released inside its hold is not free (and is reported held, by its
+// owner), and a row is skipped only if it was grantable in the snapshot.
 const acquireBatchSQL = `
 WITH now AS MATERIALIZED (
     SELECT clock_timestamp() AS now,
            {{durable}} AS durable
 ), req AS MATERIALIZED (
-    SELECT r.key, r.micros, r.owner, r.value
-    FROM unnest((SELECT $1::text[]), (SELECT $2::bigint[]), (SELECT $3::text[]), (SELECT $4::bytea[])) AS r(key, micros, owner, value)
+    SELECT r.key, r.micros, r.owner, r.value, r.hold
+    FROM unnest((SELECT $1::text[]), (SELECT $2::bigint[]), (SELECT $3::text[]), (SELECT $4::bytea[]), (SELECT $5::bigint[]))
+         AS r(key, micros, owner, value, hold)
 ), lk AS MATERIALIZED (
-    SELECT l.key, r.micros, r.owner, r.value
+    SELECT l.key, r.micros, r.owner, r.value, r.hold
     FROM {{table}} AS l
     JOIN req AS r ON l.key = r.key
     CROSS JOIN now AS n
     WHERE (l.held AND l.deadline > n.now AND l.owner = r.owner)
-       OR ((NOT l.held OR l.deadline <= n.now) AND l.token < 9223372036854775807)
+       OR (((NOT l.held AND coalesce(l.hold_until <= n.now, true)) OR l.deadline <= n.now) AND l.token < 9223372036854775807)
     ORDER BY l.key
     FOR NO KEY UPDATE OF l SKIP LOCKED
 ), upd AS (
@@ -443,18 +511,21 @@ WITH now AS MATERIALIZED (
         held = true,
         deadline = CASE WHEN l.held AND l.deadline > n.now
                         THEN greatest(l.deadline, n.now + k.micros * interval '1 microsecond')
-                        ELSE n.now + k.micros * interval '1 microsecond' END,
+                        ELSE n.now + greatest(k.micros, k.hold) * interval '1 microsecond' END,
         owner = k.owner,
         waited = l.waited AND l.held AND l.deadline > n.now,
-        value = k.value
+        value = k.value,
+        hold_until = CASE WHEN l.held AND l.deadline > n.now THEN l.hold_until
+                          WHEN k.hold > 0 THEN n.now + k.hold * interval '1 microsecond' END
     FROM lk AS k, now AS n
     WHERE l.key = k.key
       AND ((l.held AND l.deadline > n.now AND l.owner = k.owner)
-           OR ((NOT l.held OR l.deadline <= n.now) AND l.token < 9223372036854775807))
+           OR (((NOT l.held AND coalesce(l.hold_until <= n.now, true)) OR l.deadline <= n.now) AND l.token < 9223372036854775807))
     RETURNING l.key, l.token, l.deadline
 ), ins AS (
-    INSERT INTO {{table}} AS l (key, token, held, deadline, owner, value)
-    SELECT r.key, 1, true, n.now + r.micros * interval '1 microsecond', r.owner, r.value
+    INSERT INTO {{table}} AS l (key, token, held, deadline, owner, value, hold_until)
+    SELECT r.key, 1, true, n.now + greatest(r.micros, r.hold) * interval '1 microsecond', r.owner, r.value,
+           CASE WHEN r.hold > 0 THEN n.now + r.hold * interval '1 microsecond' END
     FROM req AS r CROSS JOIN now AS n
     WHERE NOT EXISTS (SELECT FROM {{table}} AS c WHERE c.key = r.key)
     ORDER BY r.key
@@ -467,11 +538,11 @@ SELECT r.key,
        u.key IS NOT NULL OR i.key IS NOT NULL AS granted,
        coalesce(u.token, i.token, c.token, 0),
        coalesce(u.deadline, i.deadline, c.deadline, n.now),
-       coalesce(c.held, u.key IS NOT NULL OR i.key IS NOT NULL),
+       coalesce(c.held OR c.hold_until > n.now, c.held, u.key IS NOT NULL OR i.key IS NOT NULL),
        coalesce(c.owner, ''),
        n.now,
        coalesce((c.held AND c.deadline > n.now AND c.owner = r.owner)
-                OR ((NOT c.held OR c.deadline <= n.now) AND c.token < 9223372036854775807), false) AS skipped,
+                OR (((NOT c.held AND coalesce(c.hold_until <= n.now, true)) OR c.deadline <= n.now) AND c.token < 9223372036854775807), false) AS skipped,
        c.value
 FROM req AS r
 CROSS JOIN now AS n
@@ -495,6 +566,10 @@ LEFT JOIN {{table}} AS c ON c.key = r.key AND u.key IS NULL AND i.key IS NULL`
 // not released here; its row comes back unreleased with its token current
 // and held, and the client releases it again alone with releaseSQL.
 //
+// It keeps releaseHoldSQL's rule per lease, at the batch's one "now": the
+// holder's own release inside its min hold keeps the key taken until
+// hold_until, a forced release (another owner) clears it.
+//
 // It returns one row per lease: the key, released, whether the released
 // lease was still valid, the current token, held flag, deadline and owner
 // as the snapshot saw them (for leases not released), the database time
@@ -514,8 +589,10 @@ WITH now AS MATERIALIZED (
     FOR NO KEY UPDATE OF l SKIP LOCKED
 ), upd AS (
     UPDATE {{table}} AS l
-    SET held = false, owner = k.owner
-    FROM lk AS k
+    SET held = false, owner = k.owner,
+        deadline = CASE WHEN l.owner = k.owner AND l.hold_until > n.now AND l.deadline > n.now THEN l.hold_until ELSE l.deadline END,
+        hold_until = CASE WHEN l.owner = k.owner THEN l.hold_until END
+    FROM lk AS k, now AS n
     WHERE l.key = k.key AND l.token = k.token AND l.held
     RETURNING l.key, l.deadline, l.waited AS waited, {{release_commit}} AS commit
 )

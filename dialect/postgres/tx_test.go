@@ -26,7 +26,7 @@ type txAcquired struct {
 	value                  []byte
 }
 
-// txAcquire sends sql (b.marked.acquire or b.marked.acquireWait) on tx.
+// txAcquire sends sql (b.full.acquire or b.full.acquireWait) on tx.
 func txAcquire(t *testing.T, tx pgx.Tx, sql string, req sqllock.AcquireRequest) txAcquired {
 	t.Helper()
 	var r txAcquired
@@ -34,7 +34,7 @@ func txAcquire(t *testing.T, tx pgx.Tx, sql string, req sqllock.AcquireRequest) 
 	if len(req.Value) > 0 {
 		value = req.Value
 	}
-	require.NoError(t, tx.QueryRow(testCtx(t), sql, req.Key, leaseMicros(req.TTL), req.Owner, value).
+	require.NoError(t, tx.QueryRow(testCtx(t), sql, req.Key, leaseMicros(req.TTL), req.Owner, value, holdMicros(req.MinHold)).
 		Scan(&r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.changed, &r.value))
 	return r
 }

@@ -42,7 +42,7 @@ func TestWaiterMarksOncePerTenure(t *testing.T) {
 		defer tx.Rollback(ctx)
 		for range n {
 			// What TryAcquire sends while the key is watched.
-			r := txAcquire(t, tx, b.marked.acquireWait, sqllock.AcquireRequest{Key: "hot", TTL: time.Minute, Owner: "waiter"})
+			r := txAcquire(t, tx, b.full.acquireWait, sqllock.AcquireRequest{Key: "hot", TTL: time.Minute, Owner: "waiter"})
 			require.False(t, r.granted)
 			require.False(t, r.changed)
 			require.Equal(t, holder, r.owner)
@@ -60,7 +60,7 @@ func TestWaiterMarksOncePerTenure(t *testing.T) {
 	require.True(t, waitedOf(t, b, "hot"))
 	xid, _ = attempts(10, "holder")
 	require.Nil(t, xid, "a watched attempt on a marked lease wrote")
-	walRecords, _ := planWAL(t, b, b.marked.acquireWait, "hot", int64(60_000_000), "waiter", nil)
+	walRecords, _ := planWAL(t, b, b.full.acquireWait, "hot", int64(60_000_000), "waiter", nil, int64(0))
 	require.Zero(t, walRecords, "a watched attempt on a marked lease wrote WAL")
 
 	// A repeat of the holder's own acquire keeps the tenure and its mark.

@@ -226,7 +226,7 @@ func TestWatch(t *testing.T) {
 		t.Parallel()
 		bundle := newBundle(t, Options{DisableNotify: true})
 		b := bundle.backend
-		require.NotContains(t, b.marked.release, "pg_notify")
+		require.NotContains(t, b.full.release, "pg_notify")
 		ch, stop := b.Watch("k")
 		defer stop()
 		// A Backend that does notify, on the same table: Watch of the
@@ -237,7 +237,7 @@ func TestWatch(t *testing.T) {
 		loudCh, stopLoud := loud.Watch("k")
 		defer stopLoud()
 		listening(t, loud, loudCh)
-		require.Equal(t, b.marked.acquire, b.marked.acquireWait, "DisableNotify never marks")
+		require.Equal(t, b.full.acquire, b.full.acquireWait, "DisableNotify never marks")
 		l := acquireOK(t, loud, "k", "o1", time.Minute)
 		waiting(t, loud, "k")
 		require.NoError(t, loud.Release(testCtx(t), l))
