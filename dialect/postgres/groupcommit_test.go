@@ -716,16 +716,12 @@ func TestGroupCommitTokens(t *testing.T) {
 	expired := acquireOK(t, b, "expired", "setup", time.Minute)
 	expire(t, b, "expired")
 
-	holdQueue(b.acquireQ)
-	chs := map[string]chan acquireResult{}
-	for i, k := range []string{"k", "released", "expired"} {
-		chs[k] = goAcquire(ctx, b, k, "o")
-		waitQueued(t, b.acquireQ, i+1)
-	}
-	flushQueue(b.acquireQ)
-	r, rr, re := recv(t, chs["k"]), recv(t, chs["released"]), recv(t, chs["expired"])
-	unholdQueue(t, b.acquireQ)
+	res := acquireBatch(t, b,
+		sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o"},
+		sqllock.AcquireRequest{Key: "released", TTL: time.Minute, Owner: "o"},
+		sqllock.AcquireRequest{Key: "expired", TTL: time.Minute, Owner: "o"})
 	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "the calls went as one batch")
+	r, rr, re := res[0], res[1], res[2]
 	require.NoError(t, rr.err)
 	require.Equal(t, released.Token+1, rr.l.Token, "a new tenure of a released key")
 	require.NoError(t, re.err)

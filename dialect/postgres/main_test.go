@@ -53,6 +53,25 @@ func newBundle(t testing.TB, opts Options) *testBundle {
 	return &testBundle{db: db, backend: b}
 }
 
+// schemaAt makes a fresh schema migrated up to version, as a release
+// that far left it, for an upgrade test; upgrade applies the remaining
+// migrations.
+func schemaAt(t *testing.T, version int64) (db *pgtest.DB, upgrade func()) {
+	t.Helper()
+	db = pgtest.New(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	t.Cleanup(func() { sqlDB.Close() })
+	mo := migrations.Options{Schema: db.Schema}
+	p, err := migrations.NewProvider(migrations.Postgres, sqlDB, mo)
+	require.NoError(t, err)
+	_, err = p.UpTo(testCtx(t), version)
+	require.NoError(t, err)
+	return db, func() {
+		t.Helper()
+		require.NoError(t, migrations.Up(testCtx(t), migrations.Postgres, sqlDB, mo))
+	}
+}
+
 // newPool opens a pool on bundle's schema, its configuration parsed from
 // the bundle's URL and then changed by configure (if not nil), closed in
 // t.Cleanup.

@@ -5,11 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/testkit/pgtest"
-	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -31,41 +28,35 @@ func goAcquireReq(ctx context.Context, b *Backend, req sqllock.AcquireRequest) c
 func acquireBatch(t *testing.T, b *Backend, reqs ...sqllock.AcquireRequest) []acquireResult {
 	t.Helper()
 	ctx := testCtx(t)
-	batches := b.acquireQ.batches.Load()
-	holdQueue(b.acquireQ)
-	var chs []chan acquireResult
-	for i, req := range reqs {
-		chs = append(chs, goAcquireReq(ctx, b, req))
-		waitQueued(t, b.acquireQ, i+1)
-	}
-	flushQueue(b.acquireQ)
-	out := make([]acquireResult, len(reqs))
-	for i, ch := range chs {
-		out[i] = recv(t, ch)
-	}
-	unholdQueue(t, b.acquireQ)
-	require.Equal(t, batches+1, b.acquireQ.batches.Load(), "one batch")
-	return out
+	return oneBatch(t, b.acquireQ, reqs, func(req sqllock.AcquireRequest) chan acquireResult { return goAcquireReq(ctx, b, req) })
 }
 
 // releaseBatch sends ls as one releaseBatchSQL and returns their answers.
 func releaseBatch(t *testing.T, b *Backend, ls ...sqllock.Lease) []error {
 	t.Helper()
 	ctx := testCtx(t)
-	batches := b.releaseQ.batches.Load()
-	holdQueue(b.releaseQ)
-	var chs []chan error
-	for i, l := range ls {
-		chs = append(chs, goRelease(ctx, b, l))
-		waitQueued(t, b.releaseQ, i+1)
+	return oneBatch(t, b.releaseQ, ls, func(l sqllock.Lease) chan error { return goRelease(ctx, b, l) })
+}
+
+// oneBatch sends each of ins through send while q is held, so that they
+// queue, lets them go as one batch statement, and returns their answers
+// in order.
+func oneBatch[Req, Res, In, Out any](t *testing.T, q *gcQueue[Req, Res], ins []In, send func(In) chan Out) []Out {
+	t.Helper()
+	batches := q.batches.Load()
+	holdQueue(q)
+	chs := make([]chan Out, len(ins))
+	for i, in := range ins {
+		chs[i] = send(in)
+		waitQueued(t, q, i+1)
 	}
-	flushQueue(b.releaseQ)
-	out := make([]error, len(ls))
+	flushQueue(q)
+	out := make([]Out, len(ins))
 	for i, ch := range chs {
 		out[i] = recv(t, ch)
 	}
-	unholdQueue(t, b.releaseQ)
-	require.Equal(t, batches+1, b.releaseQ.batches.Load(), "one batch")
+	unholdQueue(t, q)
+	require.Equal(t, batches+1, q.batches.Load(), "one batch")
 	return out
 }
 
@@ -168,16 +159,9 @@ func TestGroupCommitMinHold(t *testing.T) {
 // release.
 func TestUpgradeToHoldUntil(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db, upgrade := schemaAt(t, 4)
 	ctx := testCtx(t)
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	defer sqlDB.Close()
-	mo := migrations.Options{Schema: db.Schema}
-	p, err := migrations.NewProvider(migrations.Postgres, sqlDB, mo)
-	require.NoError(t, err)
-	_, err = p.UpTo(ctx, 4)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO sqllock_locks (key, token, held, deadline, owner, value) VALUES
+	_, err := db.Pool.Exec(ctx, `INSERT INTO sqllock_locks (key, token, held, deadline, owner, value) VALUES
 		('a', 7, true, clock_timestamp() + interval '1 hour', 'old-a', 'x')`)
 	require.NoError(t, err)
 
@@ -209,7 +193,7 @@ func TestUpgradeToHoldUntil(t *testing.T) {
 	var fileBefore, fileAfter int64
 	relfile := `SELECT pg_relation_filenode('sqllock_locks')::bigint`
 	require.NoError(t, db.Pool.QueryRow(ctx, relfile).Scan(&fileBefore))
-	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, mo))
+	upgrade()
 	require.NoError(t, db.Pool.QueryRow(ctx, relfile).Scan(&fileAfter))
 	require.Equal(t, fileBefore, fileAfter, "the migration rewrote the table")
 

@@ -4,11 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/testkit/pgtest"
-	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -21,16 +18,9 @@ import (
 // value that List and a refused acquirer see.
 func TestUpgradeToValue(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db, upgrade := schemaAt(t, 3)
 	ctx := testCtx(t)
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	defer sqlDB.Close()
-	mo := migrations.Options{Schema: db.Schema}
-	p, err := migrations.NewProvider(migrations.Postgres, sqlDB, mo)
-	require.NoError(t, err)
-	_, err = p.UpTo(ctx, 3)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO sqllock_locks (key, token, held, deadline, owner) VALUES
+	_, err := db.Pool.Exec(ctx, `INSERT INTO sqllock_locks (key, token, held, deadline, owner) VALUES
 		('a', 7, true, clock_timestamp() + interval '1 hour', 'old-a')`)
 	require.NoError(t, err)
 
@@ -51,7 +41,7 @@ func TestUpgradeToValue(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, infos, 2)
 
-	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, mo))
+	upgrade()
 	b, err := New(db.Pool, Options{})
 	require.NoError(t, err)
 	defer b.Close()

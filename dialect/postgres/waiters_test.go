@@ -7,11 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/testkit/pgtest"
-	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -180,17 +177,10 @@ func TestReleaseNotifiesOnlyWhenWaited(t *testing.T) {
 // marks.
 func TestUpgradeFromVersion2(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db, upgrade := schemaAt(t, 2)
 	ctx := testCtx(t)
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	defer sqlDB.Close()
-	mo := migrations.Options{Schema: db.Schema}
-	p, err := migrations.NewProvider(migrations.Postgres, sqlDB, mo)
-	require.NoError(t, err)
-	_, err = p.UpTo(ctx, 2)
-	require.NoError(t, err)
 	// Leases as a Backend before 00003 left them.
-	_, err = db.Pool.Exec(ctx, `INSERT INTO sqllock_locks (key, token, held, deadline, owner) VALUES
+	_, err := db.Pool.Exec(ctx, `INSERT INTO sqllock_locks (key, token, held, deadline, owner) VALUES
 		('a', 7, true, clock_timestamp() + interval '1 hour', 'old-a'),
 		('b', 3, true, clock_timestamp() + interval '1 hour', 'old-b'),
 		('c', 9, false, clock_timestamp(), 'old-c'),
@@ -214,7 +204,7 @@ func TestUpgradeFromVersion2(t *testing.T) {
 	d := acquireOK(t, old, "d", "new", time.Minute)
 	require.EqualValues(t, 5, d.Token)
 
-	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, mo))
+	upgrade()
 	d2 := acquireOK(t, old, "c", "new", time.Minute) // the old Backend still works
 	require.EqualValues(t, 10, d2.Token)
 
