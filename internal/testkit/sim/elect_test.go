@@ -144,23 +144,17 @@ func TestElectionSim(t *testing.T) {
 	}
 	n := seedCount()
 	var failed atomic.Int32
-	t.Run("seeds", func(t *testing.T) {
-		for s := range shards {
-			t.Run(fmt.Sprintf("shard=%d", s), func(t *testing.T) {
-				t.Parallel()
-				for seed := uint64(s); seed < uint64(n); seed += shards {
-					if failed.Load() > 3 {
-						return // enough reports
-					}
-					res, rep, wall := runElectSeed(t, sim.ElectConfig{Seed: seed})
-					f.add(res, rep, wall)
-					if rep.Anomalies() > 0 {
-						failed.Add(1)
-						failElectSeed(t, "TestElectionSim", res, rep)
-					}
-				}
-			})
+	shardSeeds(t, n, func(t *testing.T, seed uint64) bool {
+		if failed.Load() > 3 {
+			return false // enough reports
 		}
+		res, rep, wall := runElectSeed(t, sim.ElectConfig{Seed: seed})
+		f.add(res, rep, wall)
+		if rep.Anomalies() > 0 {
+			failed.Add(1)
+			failElectSeed(t, "TestElectionSim", res, rep)
+		}
+		return true
 	})
 	t.Log(f.line("TestElectionSim"))
 	f.requireConfiguredFired(t)
