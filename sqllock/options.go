@@ -125,8 +125,9 @@ type AcquireOptions struct {
 	// that crashes keeps it until the later of its lease's deadline and
 	// grant + MinHold. For a job that every replica (or crontab) fires
 	// once per period, a MinHold longer than the skew between their
-	// timers and shorter than the period makes it run once per period, as
-	// long as the job is shorter than the period. Zero: no minimum. See
+	// timers plus the longest an acquire takes to be granted, and shorter
+	// than the period, makes it run once per period, as long as the job
+	// is shorter than the period. Zero: no minimum. See
 	// [AcquireRequest.MinHold]; within the TTL bounds ([ValidateTTL]).
 	MinHold time.Duration
 	// MaxHold caps how long the Guard may hold the key (ShedLock's

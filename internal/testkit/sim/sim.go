@@ -1,7 +1,9 @@
 // Package sim is the deterministic simulation of ashlock: clients, the
 // memory backend and the fault wrapper inside one testing/synctest bubble,
 // driven by one goroutine with a seeded RNG (TestSim, TestSimDeterminism,
-// TestSimCheckerSensitivity, TestSimPause, TestSimDBClockStep).
+// TestSimCheckerSensitivity, TestSimPause, TestSimDBClockStep). The
+// election's simulation is in elect.go, the scheduled jobs' (SIM-8) in
+// jobs.go.
 //
 // Determinism: the driver is the only source of decisions besides the
 // per-client fault RNGs; it sleeps a seeded duration, calls synctest.Wait
