@@ -178,7 +178,7 @@ func (c *Client) tryAcquire(ctx context.Context, key string, s settings) (*Guard
 //
 // The Guard lives under ctx: a short-deadline ctx also ends the Guard. Bound
 // only the wait with opts.Wait.
-func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) (*Guard, error) {
+func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) (g *Guard, err error) {
 	s, err := c.prepare(key, opts)
 	if err != nil {
 		return nil, err
