@@ -123,16 +123,6 @@ func (g *Guard) leaseLocked() Lease {
 // the renewal was in flight: the guard is (being) lost and not revived.
 var errRenewTooLate = errors.New("sqllock: renewal succeeded after the local deadline")
 
-// releaseUnshared releases the lease of a Guard that was never handed
-// out (its Client closed meanwhile).
-func (g *Guard) releaseUnshared(cause error) {
-	g.st.finishing = true
-	g.st.cause = cause
-	rctx := g.c.releaseContext(g.parent)
-	defer rctx.stop()
-	g.rel.finish(g.releaseBackend(rctx))
-}
-
 // Key returns the locked key.
 func (g *Guard) Key() string { return g.key }
 

@@ -50,6 +50,16 @@ func (g *Guard) parentEnded() {
 	g.awaitBatch(rctx, b, false, false)
 }
 
+// releaseUnshared releases the lease of a Guard that was never handed
+// out (its Client closed meanwhile).
+func (g *Guard) releaseUnshared(cause error) {
+	g.st.finishing = true
+	g.st.cause = cause
+	rctx := g.c.releaseContext(g.parent)
+	defer rctx.stop()
+	g.rel.finish(g.releaseBackend(rctx))
+}
+
 // release is Release with its bound already set: ctx is used as it is.
 func (g *Guard) release(ctx context.Context) error {
 	g.mu.Lock()
