@@ -19,6 +19,7 @@ type Client struct {
 	b        Backend
 	opts     Options // resolved: every default filled in
 	log      *slog.Logger
+	obs      observer // reports to opts.Observer
 	owner    string
 	instance string // random, per Client: see request
 	// ownerPrefix is owner + "/" + instance + "-": a lease's owner is it
@@ -30,9 +31,9 @@ type Client struct {
 
 	sched *scheduler
 
-	mu     sync.Mutex // guards closed, guards, watches, idle and each Guard's watch
+	mu     sync.Mutex // guards closed, guards, watches, idle and each Guard's link
 	closed bool
-	guards *Guard // every Guard not yet released, linked through prev/next
+	guards *Guard // every Guard not yet released, linked through their link
 	// watches are the acquire contexts watched (watch.go), by Done
 	// channel; idle is the one with no Guard left, if any.
 	watches map[<-chan struct{}]*parentWatch
@@ -77,6 +78,7 @@ func New(b Backend, opts Options) (*Client, error) {
 	}
 	c := &Client{
 		b: b, opts: opts, log: log, owner: opts.Owner,
+		obs:      observer{o: opts.Observer, backend: opts.BackendName},
 		instance: ownerInstance(),
 		closing:  make(chan struct{}),
 	}
@@ -149,16 +151,16 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 
 // tryAcquire is TryAcquire after validation: one attempt, an indeterminate
 // outcome settled.
-func (c *Client) tryAcquire(ctx context.Context, key string, s settings) (g *Guard, err error) {
+func (c *Client) tryAcquire(ctx context.Context, key string, s settings) (*Guard, error) {
 	req := c.request(key, s)
-	if c.opts.Observer != nil {
-		defer c.observeAcquire(ctx, &req, false, time.Now(), nil, &g, &err)
-	}
+	start := c.obs.now()
+	var g *Guard
 	l, sent, err := c.try(ctx, req, true)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		g, err = c.hold(ctx, l, sent, s)
 	}
-	return c.newGuard(ctx, l, sent, s)
+	c.obs.acquire(ctx, req, false, start, 1, g, err)
+	return g, err
 }
 
 // Acquire takes key, waiting for it as opts.Wait says: with no Wait (nil
@@ -184,27 +186,32 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 	if opts == nil || opts.Wait == 0 {
 		return c.tryAcquire(ctx, key, s)
 	}
+	req := c.request(key, s)
+	start := c.obs.now()
+	g, attempts, err := c.wait(ctx, req, s, opts.Wait)
+	c.obs.acquire(ctx, req, true, start, attempts, g, err)
+	return g, err
+}
+
+// wait is Acquire with a positive wait, after validation: it returns the
+// Guard or the error and the number of attempts made.
+func (c *Client) wait(ctx context.Context, req AcquireRequest, s settings, wait time.Duration) (*Guard, int, error) {
 	wctx := ctx
-	if opts.Wait != WaitForever {
+	if wait != WaitForever {
 		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(ctx, opts.Wait)
+		wctx, cancel = context.WithTimeout(ctx, wait)
 		defer cancel()
 	}
 	var wake <-chan struct{}
 	if w, ok := c.b.(Watcher); ok {
-		ch, stop := w.Watch(key)
+		ch, stop := w.Watch(req.Key)
 		defer stop()
 		wake = ch
 	}
-	req := c.request(key, s)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
 	var last error // the last attempt's error that says more than the context's
-	attempts := 0
-	if c.opts.Observer != nil {
-		defer c.observeAcquire(ctx, &req, true, time.Now(), &attempts, &g, &err)
-	}
 	for attempt := 1; ; attempt++ {
 		// Each attempt is bounded by the TTL less the margin: a grant
 		// whose reply came later could not be used (newGuard refuses
@@ -212,13 +219,13 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 		// database) must not stall the wait until ctx ends. An attempt
 		// cut short is indeterminate: the next one, by the same owner,
 		// settles it.
-		attempts = attempt
 		actx, acancel := context.WithTimeout(wctx, s.ttl-s.margin)
 		l, sent, err := c.try(actx, req, false)
 		cut := err != nil && actx.Err() != nil && wctx.Err() == nil
 		acancel()
 		if err == nil {
-			return c.newGuard(ctx, l, sent, s)
+			g, err := c.hold(ctx, l, sent, s)
+			return g, attempt, err
 		}
 		if cut {
 			err = fmt.Errorf("%w: the attempt took longer than the TTL less the margin: %w", ErrIndeterminate, err)
@@ -227,15 +234,15 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 		switch {
 		case errors.As(err, &he):
 		case errors.Is(err, ErrIndeterminate), errors.Is(err, ErrUnavailable):
-			c.log.DebugContext(ctx, "sqllock: acquire attempt failed, retrying", "key", key, "owner", req.Owner, "backend", c.opts.BackendName, "attempt", attempt, "err", err)
+			c.log.DebugContext(ctx, "sqllock: acquire attempt failed, retrying", "key", req.Key, "owner", req.Owner, "backend", c.opts.BackendName, "attempt", attempt, "err", err)
 		case wctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
-			return nil, c.waitEnded(ctx, wctx, req, cmp.Or(last, err))
+			return nil, attempt, c.waitEnded(ctx, wctx, req, cmp.Or(last, err))
 		default:
-			return nil, err
+			return nil, attempt, err
 		}
 		last = err
 		if wctx.Err() != nil {
-			return nil, c.waitEnded(ctx, wctx, req, err)
+			return nil, attempt, c.waitEnded(ctx, wctx, req, err)
 		}
 		d := c.opts.Backoff(attempt)
 		if he != nil && he.Remaining > 0 {
@@ -244,9 +251,9 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 		timer.Reset(max(d, 0))
 		select {
 		case <-wctx.Done():
-			return nil, c.waitEnded(ctx, wctx, req, err)
+			return nil, attempt, c.waitEnded(ctx, wctx, req, err)
 		case <-c.closing:
-			return nil, ErrClosed
+			return nil, attempt, ErrClosed
 		case <-timer.C:
 		case <-wake:
 			timer.Stop() // since Go 1.23 a stopped timer delivers no stale tick
@@ -270,6 +277,48 @@ func (c *Client) waitEnded(ctx, wctx context.Context, req AcquireRequest, last e
 		return errors.Join(last, context.DeadlineExceeded)
 	}
 	return errors.Join(last, context.Cause(ctx))
+}
+
+// attempt sends one acquire request (settle: a repeat that settles an
+// indeterminate one) and reports it.
+func (c *Client) attempt(ctx context.Context, req AcquireRequest, settle bool) (Lease, time.Time, error) {
+	sent := time.Now()
+	l, err := c.b.TryAcquire(ctx, req)
+	c.obs.acquireAttempt(ctx, req, settle, sent, l, err)
+	return l, sent, err
+}
+
+// hold hands out the Guard of lease l, granted to an acquire request sent
+// at sent: it refuses a grant whose reply came after the local deadline,
+// and releases the lease of a Client closed meanwhile; else it reports
+// the Guard, adds it to the Client's Guards, schedules its renewals and
+// ends it with parent.
+func (c *Client) hold(parent context.Context, l Lease, sent time.Time, s settings) (*Guard, error) {
+	g := newGuard(c, parent, l, sent, s)
+	// time.Until reads only the monotonic clock: half the cost of
+	// time.Now().Before, which reads the wall clock too.
+	if time.Until(g.slot.expAt) <= 0 {
+		// The reply came too late to use the lease safely.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(parent), c.opts.ReleaseTimeout)
+		defer cancel()
+		c.releaseQuietly(rctx, l)
+		return nil, &LostError{Key: l.Key, Token: l.Token, Reason: LostExpired,
+			Err: errors.New("the acquire reply arrived after the local deadline")}
+	}
+	c.obs.guardStart(g)
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		c.link(g)
+	}
+	c.mu.Unlock()
+	if closed {
+		g.releaseUnshared(ErrClosed)
+		return nil, ErrClosed
+	}
+	c.sched.add(g)
+	c.watchParent(g)
+	return g, nil
 }
 
 // try makes one acquire attempt. With settle set, an indeterminate outcome
@@ -399,7 +448,7 @@ func (c *Client) Close(ctx context.Context) error {
 	c.closed = true
 	close(c.closing)
 	var guards []*Guard
-	for g := c.guards; g != nil; g = g.next {
+	for g := c.guards; g != nil; g = g.link.next {
 		guards = append(guards, g)
 	}
 	c.mu.Unlock()
@@ -439,11 +488,22 @@ func (c *Client) initReleaseContext(rc *releaseCtx, ctx context.Context) {
 	rc.init(ctx, c.opts.ReleaseTimeout)
 }
 
+// guardLink is a Guard's place in its Client's list of Guards and in the
+// watch of its acquire context (watch.go), guarded by the Client's mu.
+type guardLink struct {
+	prev, next *Guard
+	watch      *parentWatch // nil when parent never ends, or once it has ended, been released or lost
+}
+
+// linked reports whether g is in the client's Guards. Called with c.mu
+// held.
+func (c *Client) linked(g *Guard) bool { return g.link.prev != nil || c.guards == g }
+
 // link adds g to the client's Guards. Called with c.mu held.
 func (c *Client) link(g *Guard) {
-	g.next = c.guards
+	g.link.next = c.guards
 	if c.guards != nil {
-		c.guards.prev = g
+		c.guards.link.prev = g
 	}
 	c.guards = g
 }
@@ -452,18 +512,19 @@ func (c *Client) link(g *Guard) {
 func (c *Client) forget(g *Guard) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if g.prev == nil && c.guards != g {
-		return // not linked
+	if !c.linked(g) {
+		return
 	}
-	if g.prev != nil {
-		g.prev.next = g.next
+	l := &g.link
+	if l.prev != nil {
+		l.prev.link.next = l.next
 	} else {
-		c.guards = g.next
+		c.guards = l.next
 	}
-	if g.next != nil {
-		g.next.prev = g.prev
+	if l.next != nil {
+		l.next.link.prev = l.prev
 	}
-	g.prev, g.next = nil, nil
+	l.prev, l.next = nil, nil
 }
 
 // sleep waits for d, or until ctx ends, whichever is first. (The backends

@@ -355,6 +355,38 @@ func TestConcurrentReleases(t *testing.T) {
 	})
 }
 
+// TestReleaseWaitsForTheFirstRelease: a Release made while another is at
+// the backend waits for it and returns its result; one whose context ends
+// first returns that context's error, and the lease is released once.
+func TestReleaseWaitsForTheFirstRelease(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		refused := errors.New("release refused")
+		unblock := make(chan struct{})
+		tb.b.release = func(ctx context.Context, l sqllock.Lease) error {
+			<-unblock
+			return refused
+		}
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		errs := make(chan error, 2)
+		go func() { errs <- g.Release(t.Context()) }()
+		synctest.Wait() // the first Release is at the backend
+		go func() { errs <- g.Release(t.Context()) }()
+		short, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		require.ErrorIs(t, g.Release(short), context.DeadlineExceeded, "a Release whose context ends first")
+		synctest.Wait()
+		require.Empty(t, errs, "no Release returns before the first one's result")
+		close(unblock)
+		require.ErrorIs(t, <-errs, refused)
+		require.ErrorIs(t, <-errs, refused, "the waiting Release returns the first one's result")
+		require.ErrorIs(t, g.Release(t.Context()), refused, "a later Release returns it too")
+		require.Equal(t, 1, tb.b.n("release"))
+	})
+}
+
 func TestParentContextCancelled(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {

@@ -3,9 +3,7 @@ package sqllock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -30,18 +28,25 @@ type Guard struct {
 	// maxAt is the acquire's send time + AcquireOptions.MaxHold, which the
 	// local deadline never passes; zero without a max hold.
 	maxAt time.Time
-	// watch ends the Guard when parent ends (nil when parent never ends,
-	// or once it has ended, been released or lost); guarded by the
-	// Client's mu.
-	watch *parentWatch
 
-	mu sync.Mutex // guards the fields below
-	// The lease as of the last successful renewal: leaseLocked builds it
-	// from these and key, token and owner, which never change.
-	deadline    time.Time // by the backend's clock
-	backendTime time.Time
-	value       []byte    // the acquire's; a renewal never changes it
-	local       time.Time // the local deadline; never moves back
+	mu sync.Mutex // guards st
+	st guardState
+
+	// Each part below has its own owner: rel its own mutex, slot the
+	// Client's scheduler (under its mu), link the Client (under its mu);
+	// obs is set before the Guard is shared.
+	rel  releaseBook
+	slot schedSlot
+	link guardLink
+	obs  *guardObs // for the Observer's events (observe.go); nil without one
+}
+
+// guardState is what changes while a Guard lives: its lease, its
+// renewals' failures, and its end. Guarded by the Guard's mu.
+type guardState struct {
+	term     term
+	lastErr  error // the last transient renewal error, nil after a success
+	failures int   // consecutive failed scheduled renewals
 	// ctx is made on first use (Context, Done): most Guards of a busy
 	// client are never asked for it. cause is why the Guard ended, set
 	// once: the first of a *LostError, ErrReleased, or the parent
@@ -49,46 +54,43 @@ type Guard struct {
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
 	cause     error
-	lastErr   error         // the last transient renewal error, nil after a success
-	attempt   int           // consecutive failed scheduled renewals
-	lost      *LostError    // set once, at the first definite loss
-	finishing bool          // set once, by the first Release (or the parent's end)
-	finished  bool          // the release has completed; finishErr is its result
-	finishCh  chan struct{} // made by a Release that waits for another; closed when finished
-	finishErr error
-	lostIn    *batch // the batch in flight when the lease was lost, if any
-
-	// Scheduling, guarded by the scheduler's mu.
-	due      time.Time // the next renewal
-	expAt    time.Time // the local deadline, as the scheduler's heap has it
-	dueIdx   int32     // index in the scheduler's due heap, -1 if not there
-	expIdx   int32     // index in the scheduler's deadline heap, -1 if not there
-	inFlight *batch    // the batch carrying this lease's renewal, if any
-	alone    bool      // renew it next on its own (TryRenew), not in a batch
-
-	// The Client's list of Guards, guarded by the Client's mu.
-	prev, next *Guard
-
-	obs *guardObs // for the Observer's events (observe.go); nil without one
-
-	// rctx is the context of the Guard's first Release call, kept here
-	// so that the common release allocates nothing for it; rctxTaken
-	// says that call has taken it (later calls make their own).
-	rctx      releaseCtx
-	rctxTaken atomic.Bool
+	lost      *LostError // set once, at the first definite loss
+	finishing bool       // set once, by the first Release (or the parent's end)
+	lostIn    *batch     // the batch in flight when the lease was lost, if any
 }
 
-// leaseLocked returns the lease as of the last successful renewal. Called
-// with g.mu held.
-func (g *Guard) leaseLocked() Lease {
-	return Lease{Key: g.key, Token: g.token, Owner: g.owner, Deadline: g.deadline, BackendTime: g.backendTime, Value: g.value}
+// term is the lease as of the last successful renewal, and the local
+// deadline it gives: with the Guard's key, token and owner, which never
+// change, it makes the Lease.
+type term struct {
+	deadline    time.Time // by the backend's clock
+	backendTime time.Time
+	value       []byte    // the acquire's; a renewal never changes it
+	local       time.Time // the local deadline; never moves back
 }
 
-// errRenewTooLate is returned by renew when the local deadline passed while
-// the renewal was in flight: the guard is (being) lost and not revived.
-var errRenewTooLate = errors.New("sqllock: renewal succeeded after the local deadline")
+// extend applies a successful renewal sent at sent, whose local deadline
+// is sent + life, capped at maxAt (when not zero).
+func (t *term) extend(sent time.Time, life time.Duration, maxAt time.Time, l Lease) {
+	nl := sent.Add(life)
+	if !maxAt.IsZero() {
+		nl = capAt(nl, maxAt)
+	}
+	if nl.After(t.local) {
+		t.local = nl
+	}
+	// Renewals may complete out of order. The value is the acquire's,
+	// whatever the backend echoes: a renewal never changes it.
+	if l.Deadline.After(t.deadline) {
+		t.deadline, t.backendTime = l.Deadline, l.BackendTime
+	}
+}
 
-func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s settings) (*Guard, error) {
+// newGuard makes the Guard of lease l, granted to an acquire request sent
+// at sent, and its schedule: the first renewal one interval after sent
+// (none when the max hold caps the local deadline already), its end at the
+// local deadline. Nothing is shared yet: Client.hold hands it out.
+func newGuard(c *Client, parent context.Context, l Lease, sent time.Time, s settings) *Guard {
 	if mutantOn(mutantDeadlineFromReply) {
 		sent = time.Now()
 	}
@@ -98,43 +100,28 @@ func (c *Client) newGuard(parent context.Context, l Lease, sent time.Time, s set
 		maxAt = sent.Add(s.maxHold)
 		local = capAt(local, maxAt)
 	}
-	// time.Until reads only the monotonic clock: half the cost of
-	// time.Now().Before, which reads the wall clock too.
-	if time.Until(local) <= 0 {
-		// The reply came too late to use the lease safely.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(parent), c.opts.ReleaseTimeout)
-		defer cancel()
-		c.releaseQuietly(rctx, l)
-		return nil, &LostError{Key: l.Key, Token: l.Token, Reason: LostExpired,
-			Err: errors.New("the acquire reply arrived after the local deadline")}
-	}
-	g := &Guard{c: c, s: s.timings, key: l.Key, token: l.Token, owner: l.Owner, parent: parent,
-		maxAt: maxAt, deadline: l.Deadline, backendTime: l.BackendTime, value: l.Value, local: local, dueIdx: -1, expIdx: -1}
-	g.observeStart(sent)
-
-	c.mu.Lock()
-	closed := c.closed
-	if !closed {
-		c.link(g)
-	}
-	c.mu.Unlock()
-	if closed {
-		g.finishing = true
-		g.cause = ErrClosed
-		rctx := c.releaseContext(parent)
-		defer rctx.stop()
-		g.finishErr = g.releaseBackend(rctx)
-		g.finished = true
-		return nil, ErrClosed
-	}
-	due := sent.Add(s.interval)
+	g := &Guard{c: c, s: s.timings, key: l.Key, token: l.Token, owner: l.Owner, parent: parent, maxAt: maxAt,
+		st:   guardState{term: term{deadline: l.Deadline, backendTime: l.BackendTime, value: l.Value, local: local}},
+		slot: schedSlot{due: sent.Add(s.interval), expAt: local, dueIdx: -1, expIdx: -1}}
 	if g.capped(local) {
-		due = time.Time{} // no renewal can extend it: none is sent
+		g.slot.due = time.Time{} // no renewal can extend it: none is sent
 	}
-	c.sched.add(g, due, local)
-	c.watchParent(g)
-	return g, nil
+	if c.obs.on() {
+		g.obs = &guardObs{start: sent, owner: l.Owner}
+	}
+	return g
 }
+
+// leaseLocked returns the lease as of the last successful renewal. Called
+// with g.mu held.
+func (g *Guard) leaseLocked() Lease {
+	t := &g.st.term
+	return Lease{Key: g.key, Token: g.token, Owner: g.owner, Deadline: t.deadline, BackendTime: t.backendTime, Value: t.value}
+}
+
+// errRenewTooLate is returned by renew when the local deadline passed while
+// the renewal was in flight: the guard is (being) lost and not revived.
+var errRenewTooLate = errors.New("sqllock: renewal succeeded after the local deadline")
 
 // Key returns the locked key.
 func (g *Guard) Key() string { return g.key }
@@ -158,7 +145,7 @@ func (g *Guard) Lease() Lease {
 func (g *Guard) LocalDeadline() time.Time {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.local
+	return g.st.term.local
 }
 
 // MaxHoldDeadline returns the monotonic instant at which the Guard ends
@@ -173,13 +160,14 @@ func (g *Guard) MaxHoldDeadline() time.Time { return g.maxAt }
 func (g *Guard) Context() context.Context {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.ctx == nil {
-		g.ctx, g.cancel = context.WithCancelCause(g.parent)
-		if g.cause != nil {
-			g.cancel(g.cause)
+	st := &g.st
+	if st.ctx == nil {
+		st.ctx, st.cancel = context.WithCancelCause(g.parent)
+		if st.cause != nil {
+			st.cancel(st.cause)
 		}
 	}
-	return g.ctx
+	return st.ctx
 }
 
 // Done is shorthand for g.Context().Done().
@@ -189,7 +177,7 @@ func (g *Guard) Done() <-chan struct{} { return g.Context().Done() }
 // [*LostError], [ErrReleased], or the acquire context's cause.
 func (g *Guard) Err() error {
 	g.mu.Lock()
-	cause := g.cause
+	cause := g.st.cause
 	g.mu.Unlock()
 	if cause != nil {
 		return cause
@@ -204,15 +192,16 @@ func (g *Guard) Err() error {
 // cancels its context. The parent's end, if it came first, is the cause.
 // Called with g.mu held.
 func (g *Guard) endLocked(cause error) {
-	if g.cause != nil {
+	st := &g.st
+	if st.cause != nil {
 		return
 	}
 	if g.parent.Err() != nil {
 		cause = context.Cause(g.parent)
 	}
-	g.cause = cause
-	if g.cancel != nil {
-		g.cancel(cause)
+	st.cause = cause
+	if st.cancel != nil {
+		st.cancel(cause)
 	}
 }
 
@@ -239,41 +228,47 @@ func (g *Guard) Renew(ctx context.Context) (Lease, error) {
 // renew sends one renewal, bounded as a scheduled attempt is (half of what
 // the lease has left, see attemptDeadline), and applies its
 // result unless the Guard was lost or released meanwhile.
-func (g *Guard) renew(ctx context.Context) (_ Lease, final error) {
+func (g *Guard) renew(ctx context.Context) (Lease, error) {
 	g.mu.Lock()
-	lease, local := g.leaseLocked(), g.local
+	lease, local := g.leaseLocked(), g.st.term.local
 	g.mu.Unlock()
 	sent := time.Now()
 	rctx, cancel := context.WithDeadline(ctx, attemptDeadline(sent, local, local))
 	defer cancel()
 	l, err := g.c.b.TryRenew(rctx, lease, g.s.ttl)
-	if g.c.opts.Observer != nil {
-		defer g.observeRenew(sent, time.Now(), local, err, &final)
-	}
+	r := renewal{sent: sent, replied: g.c.obs.now(), local: local, err: err}
 	if mutantOn(mutantDeadlineFromReply) {
 		sent = time.Now()
 	}
+	l, r.final = g.renewed(sent, l, err)
+	g.c.obs.renew(g, r)
+	return l, r.final
+}
 
+// renewed applies the result of a renewal by Renew sent at sent, and
+// returns renew's result.
+func (g *Guard) renewed(sent time.Time, l Lease, err error) (Lease, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	st := &g.st
 	switch {
-	case g.lost != nil:
-		return Lease{}, g.lost
-	case g.finishing:
+	case st.lost != nil:
+		return Lease{}, st.lost
+	case st.finishing:
 		return Lease{}, ErrReleased
 	case err != nil:
 		if !errors.Is(err, ErrLeaseLost) {
-			g.lastErr = err
+			st.lastErr = err
 		}
 		return Lease{}, err
-	case !time.Now().Before(g.local):
+	case !time.Now().Before(st.term.local):
 		// The local deadline passed while the renewal was in flight; the
 		// scheduler is declaring the loss. A late success does not
 		// revive the Guard.
 		return Lease{}, errRenewTooLate
 	}
 	g.extendLocked(sent, l)
-	g.c.sched.reschedule(g, nil, time.Time{}, g.local, false)
+	g.c.sched.reschedule(g, nil, time.Time{}, st.term.local, false)
 	return l, nil
 }
 
@@ -294,19 +289,8 @@ func (g *Guard) capped(local time.Time) bool {
 // extendLocked applies a successful renewal sent at sent. Called with g.mu
 // held, before the local deadline.
 func (g *Guard) extendLocked(sent time.Time, l Lease) {
-	nl := sent.Add(g.s.ttl - g.s.margin)
-	if !g.maxAt.IsZero() {
-		nl = capAt(nl, g.maxAt)
-	}
-	if nl.After(g.local) {
-		g.local = nl
-	}
-	// Renewals may complete out of order. The value is the acquire's,
-	// whatever the backend echoes: a renewal never changes it.
-	if l.Deadline.After(g.deadline) {
-		g.deadline, g.backendTime = l.Deadline, l.BackendTime
-	}
-	g.lastErr = nil
+	g.st.term.extend(sent, g.s.ttl-g.s.margin, g.maxAt, l)
+	g.st.lastErr = nil
 }
 
 // applyRenewal applies the outcome of a scheduled renewal sent at sent in
@@ -316,45 +300,44 @@ func (g *Guard) extendLocked(sent time.Time, l Lease) {
 // of this lease alone in a batch).
 func (g *Guard) applyRenewal(b *batch, sent, replied time.Time, l Lease, err error, alone bool) {
 	sc := g.c.sched
+	r := renewal{sent: sent, replied: replied, err: err}
 	g.mu.Lock()
-	local := g.local
-	if g.lost != nil || g.finishing {
+	st := &g.st
+	r.local = st.term.local
+	if st.lost != nil || st.finishing {
 		sc.landed(g, b)
-		var final error = ErrReleased
-		if g.lost != nil {
-			final = g.lost
+		r.final = ErrReleased
+		if st.lost != nil {
+			r.final = st.lost
 		}
 		g.mu.Unlock()
-		if g.c.opts.Observer != nil {
-			g.observeRenew(sent, replied, local, err, &final)
-		}
+		g.c.obs.renew(g, r)
 		return
 	}
 	now := time.Now()
-	var final error // the renewal's result for the Guard, as renew returns it
-	attempt, lost := 0, false
+	failures, lost := 0, false
 	switch {
-	case err == nil && !now.Before(g.local):
+	case err == nil && !now.Before(st.term.local):
 		// The local deadline passed while the renewal was in flight: the
 		// scheduler ends the Guard at it; a late success does not revive.
-		final = errRenewTooLate
+		r.final = errRenewTooLate
 		sc.landed(g, b)
 	case err == nil:
 		g.extendLocked(sent, l)
-		g.attempt = 0
-		sc.reschedule(g, b, sent.Add(g.s.interval), g.local, false)
+		st.failures = 0
+		sc.reschedule(g, b, sent.Add(g.s.interval), st.term.local, false)
 	case errors.Is(err, ErrLeaseLost) && mutantOn(mutantGuardIgnoresLoss):
-		final = err
+		r.final = err
 		sc.reschedule(g, b, now.Add(g.s.interval), time.Time{}, false)
 	case errors.Is(err, ErrLeaseLost):
-		final, lost = err, true
+		r.final, lost = err, true
 		sc.landed(g, b)
 	default:
-		final = err
-		g.lastErr = err
-		g.attempt++
-		attempt = g.attempt
-		next := now.Add(min(g.c.opts.Backoff(attempt), g.s.interval))
+		r.final = err
+		st.lastErr = err
+		st.failures++
+		failures = st.failures
+		next := now.Add(min(g.c.opts.Backoff(failures), g.s.interval))
 		if alone || b.timedOut() {
 			// Alone: an error of this lease alone in a batch. Timed out:
 			// the attempt was abandoned at its bound (a call that hangs),
@@ -364,12 +347,10 @@ func (g *Guard) applyRenewal(b *batch, sent, replied time.Time, l Lease, err err
 		sc.reschedule(g, b, next, time.Time{}, alone)
 	}
 	g.mu.Unlock()
-	if g.c.opts.Observer != nil {
-		g.observeRenew(sent, replied, local, err, &final)
-	}
+	g.c.obs.renew(g, r)
 	switch {
-	case attempt > 0:
-		g.logRenewFailure(attempt, err)
+	case failures > 0:
+		g.logRenewFailure(failures, err)
 	case lost:
 		g.lose(err)
 	}
@@ -380,7 +361,7 @@ func (g *Guard) applyRenewal(b *batch, sent, replied time.Time, l Lease, err err
 // could not be sent.
 func (g *Guard) localDeadlinePassed() {
 	g.mu.Lock()
-	last, maxHold := g.lastErr, g.capped(g.local)
+	last, maxHold := g.st.lastErr, g.capped(g.st.term.local)
 	g.mu.Unlock()
 	if maxHold {
 		// The deadline was the max hold: renewals could not have moved it.
@@ -400,18 +381,19 @@ func (g *Guard) lose(err error) {
 		le = &LostError{Key: g.key, Token: g.token, Reason: LostUnreachable, Err: err}
 	}
 	g.mu.Lock()
-	if g.lost != nil || g.finishing {
+	st := &g.st
+	if st.lost != nil || st.finishing {
 		g.mu.Unlock()
 		return
 	}
-	g.lost = le
+	st.lost = le
 	// Unscheduled before the context ends: a Release that the end wakes
 	// finds the batch in flight (if any) and waits for it, so that it
 	// reaches the backend after the renewal.
 	b, last := g.c.sched.remove(g)
-	g.lostIn = b
+	st.lostIn = b
 	g.endLocked(le)
-	ours := g.cause == le
+	ours := st.cause == le
 	g.mu.Unlock()
 	if last {
 		b.abandon() // no live lease needs it any more
@@ -419,180 +401,8 @@ func (g *Guard) lose(err error) {
 	if g.parent.Done() != nil { // else watchParent watched nothing
 		g.c.unwatchParent(g)
 	}
-	g.noteLoss(le, ours)
-}
-
-// parentEnded runs when the acquire context ended before Release: the
-// lease is released on the caller's behalf, bounded by ReleaseTimeout.
-func (g *Guard) parentEnded() {
-	g.mu.Lock()
-	if g.finishing || g.lost != nil {
-		g.mu.Unlock()
-		return
+	if ours {
+		g.c.log.WarnContext(g.parent, "sqllock: lease lost", g.logAttrs("reason", le.Reason.Name(), "err", le.Err)...)
 	}
-	g.finishing = true
-	g.endLocked(context.Cause(g.parent))
-	g.mu.Unlock()
-	rctx := g.c.releaseContext(context.Background())
-	defer rctx.stop()
-	b, last := g.c.sched.remove(g)
-	g.awaitBatch(rctx, b, true, last)
-	g.finish(g.releaseBackend(rctx))
-	g.awaitBatch(rctx, b, false, false)
-}
-
-// Release ends the lease. It is safe to call more than once, and from
-// several goroutines; every call returns the first call's result, except a
-// later call whose context ends while the first is still at the backend
-// (it returns its context's error). If the lease had been lost before, it
-// returns the [*LostError], so the caller learns that its critical section
-// may have overlapped another holder's; if the backend found the lease no
-// longer valid, it returns that [ErrLeaseLost].
-//
-// Release is bounded by ctx and by Options.ReleaseTimeout; if ctx has
-// already ended, the release still runs, bounded by ReleaseTimeout alone.
-// A renewal of the lease in flight (a batch it shares with other leases)
-// is not cancelled: Release waits for it for at most half of that bound
-// before it releases, so that the release is the lease's last operation at
-// the backend, and for the rest of the bound after. A renewal stuck in a
-// backend that does not answer ends on its own, at its deadline (a renewal
-// applied after the release finds nothing to renew).
-func (g *Guard) Release(ctx context.Context) error {
-	var rctx *releaseCtx
-	if g.rctxTaken.CompareAndSwap(false, true) {
-		rctx = &g.rctx
-	} else {
-		rctx = new(releaseCtx)
-	}
-	g.c.initReleaseContext(rctx, ctx)
-	defer rctx.stop()
-	return g.release(rctx)
-}
-
-// release is Release with its bound already set: ctx is used as it is.
-func (g *Guard) release(ctx context.Context) error {
-	g.mu.Lock()
-	if g.finishing {
-		if g.finished {
-			err := g.finishErr
-			g.mu.Unlock()
-			return err
-		}
-		if g.finishCh == nil {
-			g.finishCh = make(chan struct{})
-		}
-		ch := g.finishCh
-		g.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return fmt.Errorf("sqllock: release of %q (token %d) still in progress: %w", g.key, g.token, ctx.Err())
-		}
-		g.mu.Lock()
-		err := g.finishErr
-		g.mu.Unlock()
-		return err
-	}
-	g.finishing = true
-	// The Guard stops counting as held before anything is sent: once the
-	// backend applies the release another client may take the key, and the
-	// release may take longer than the local deadline. From here on no
-	// renewal result is applied (applyRenewal checks finishing), so the
-	// lease read by releaseBackend no longer changes.
-	g.endLocked(ErrReleased)
-	// The batch in flight when the lease was lost, if it was: lose sets
-	// it before the Guard is finishing, never after.
-	lostIn := g.lostIn
-	g.mu.Unlock()
-	b, last := g.c.sched.remove(g)
-	if b == nil {
-		b = lostIn
-	}
-	if g.parent.Done() != nil { // else watchParent watched nothing
-		g.c.unwatchParent(g)
-	}
-	g.awaitBatch(ctx, b, true, last)
-	err := g.releaseBackend(ctx)
-	g.finish(err)
-	g.awaitBatch(ctx, b, false, false)
-	return err
-}
-
-// finish records the release's result and wakes the Releases waiting for it.
-func (g *Guard) finish(err error) {
-	g.mu.Lock()
-	g.finishErr = err
-	g.finished = true
-	if g.finishCh != nil {
-		close(g.finishCh)
-	}
-	g.mu.Unlock()
-}
-
-// awaitBatch waits for the batch carrying the lease's renewal to land: for
-// at most half of the time ctx has left (half), or until ctx ends. If the
-// batch is still in flight then and last is set (the lease was the last
-// live one in it), it cancels the batch (no lease needs its result, and a
-// backend that has not answered by now is not answering) and waits for it
-// to return for at most half of what is left.
-func (g *Guard) awaitBatch(ctx context.Context, b *batch, half, last bool) {
-	if b == nil {
-		return
-	}
-	select {
-	case <-b.done:
-		return
-	default:
-	}
-	wait := ctx
-	if deadline, ok := ctx.Deadline(); ok && half {
-		var cancel context.CancelFunc
-		wait, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
-		defer cancel()
-	}
-	select {
-	case <-b.done:
-		return
-	case <-wait.Done():
-	}
-	if last {
-		b.abandon()
-		// A backend that heeds the cancellation returns at once: let it,
-		// so that the release still comes after the renewal at the
-		// backend; one that does not gets half of what is left.
-		g.awaitBatch(ctx, b, true, false)
-	}
-}
-
-// releaseBackend releases the lease at the backend (unless a newer token or
-// a release already ended it), within ctx, and forgets the Guard. It runs
-// once, after the Guard has ended.
-func (g *Guard) releaseBackend(ctx context.Context) (err error) {
-	defer g.c.forget(g)
-	if g.c.opts.Observer != nil {
-		defer g.observeRelease(time.Now(), &err)
-	}
-	g.mu.Lock()
-	lease, lost := g.leaseLocked(), g.lost
-	g.mu.Unlock()
-	if lost != nil && (lost.Reason == LostTaken || lost.Reason == LostReleased) {
-		return lost
-	}
-	for attempt := 1; ; attempt++ {
-		err = g.c.b.Release(ctx, lease)
-		if err == nil || (!errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrIndeterminate)) || attempt == 3 {
-			break
-		}
-		sleep(ctx, g.c.opts.Backoff(attempt))
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	if lost != nil {
-		return lost
-	}
-	if err != nil {
-		g.c.logReleaseFailure(g.parent, lease, err)
-	}
-	return err
+	g.c.obs.lost(g, le, time.Now())
 }

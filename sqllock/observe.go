@@ -248,48 +248,65 @@ func backendName(b Backend) string {
 	return t
 }
 
-// attempt sends one acquire request and reports it.
-func (c *Client) attempt(ctx context.Context, req AcquireRequest, settle bool) (Lease, time.Time, error) {
-	sent := time.Now()
-	l, err := c.b.TryAcquire(ctx, req)
-	if o := c.opts.Observer; o != nil && o.AcquireAttempt != nil {
-		e := AcquireAttemptEvent{
-			Key: req.Key, Owner: req.Owner, Backend: c.opts.BackendName, Token: l.Token,
-			Outcome: outcomeOf(err, OutcomeGranted), Start: sent, Duration: time.Since(sent),
-			Settle: settle, Err: err,
-		}
-		if he, ok := errors.AsType[*HeldError](err); ok {
-			e.Token = he.Token
-		}
-		o.AcquireAttempt(ctx, e)
-	}
-	return l, sent, err
+// observer reports a Client's events to its Observer. The zero observer
+// (a Client without an Observer) reports nothing and builds no event.
+// Each method is called once the operation it reports has ended and takes
+// its results, as a tracer's End does; a Guard's events go to the acquire
+// context, g.parent.
+type observer struct {
+	o       *Observer
+	backend string // Options.BackendName
 }
 
-// observeAcquire reports the end of a TryAcquire or Acquire call that
-// began at start; it runs deferred, reading the call's results.
-// A nil attempts means one (TryAcquire).
-func (c *Client) observeAcquire(ctx context.Context, req *AcquireRequest, wait bool, start time.Time, attempts *int, g **Guard, err *error) {
-	o := c.opts.Observer
-	if o == nil || o.Acquire == nil {
+// on reports whether there is an Observer.
+func (ob observer) on() bool { return ob.o != nil }
+
+// now returns the time now, for an event's Start or Duration, or the zero
+// time without an Observer (which reads no clock).
+func (ob observer) now() time.Time {
+	if ob.o == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// acquireAttempt reports the acquire request req sent at sent (settle: a
+// repeat that settles an indeterminate one) and its result.
+func (ob observer) acquireAttempt(ctx context.Context, req AcquireRequest, settle bool, sent time.Time, l Lease, err error) {
+	if ob.o == nil || ob.o.AcquireAttempt == nil {
 		return
 	}
-	n := 1
-	if attempts != nil {
-		n = *attempts
+	e := AcquireAttemptEvent{
+		Key: req.Key, Owner: req.Owner, Backend: ob.backend, Token: l.Token,
+		Outcome: outcomeOf(err, OutcomeGranted), Start: sent, Duration: time.Since(sent),
+		Settle: settle, Err: err,
 	}
-	e := AcquireEvent{
-		Key: req.Key, Owner: req.Owner, Backend: c.opts.BackendName, Wait: wait, Attempts: n,
-		Outcome: outcomeOf(*err, OutcomeGranted), Start: start, Duration: time.Since(start), Err: *err,
+	if he, ok := errors.AsType[*HeldError](err); ok {
+		e.Token = he.Token
 	}
-	if *g != nil {
-		e.Token = (*g).token
-	}
-	o.Acquire(ctx, e)
+	ob.o.AcquireAttempt(ctx, e)
 }
 
-// guardObs is a Guard's state for its events, allocated only when the
-// Client has an Observer (a Guard without one stays as small as before).
+// acquire reports the end of a TryAcquire or Acquire call (wait: one that
+// waits) for req that began at start, made attempts requests and returned
+// g and err.
+func (ob observer) acquire(ctx context.Context, req AcquireRequest, wait bool, start time.Time, attempts int, g *Guard, err error) {
+	if ob.o == nil || ob.o.Acquire == nil {
+		return
+	}
+	e := AcquireEvent{
+		Key: req.Key, Owner: req.Owner, Backend: ob.backend, Wait: wait, Attempts: attempts,
+		Outcome: outcomeOf(err, OutcomeGranted), Start: start, Duration: time.Since(start), Err: err,
+	}
+	if g != nil {
+		e.Token = g.token
+	}
+	ob.o.Acquire(ctx, e)
+}
+
+// guardObs is a Guard's state for its events, allocated (by newGuard) only
+// when the Client has an Observer: a Guard without one stays as small as
+// before.
 type guardObs struct {
 	// Set before the Guard is shared, then read-only.
 	start time.Time // the acquire request's send time
@@ -301,123 +318,115 @@ type guardObs struct {
 }
 
 // heldFor returns how long the Guard held its lease (after markEnded).
-func (g *Guard) heldFor() time.Duration {
-	g.obs.mu.Lock()
-	defer g.obs.mu.Unlock()
-	return g.obs.held
-}
-
-func (g *Guard) event() GuardEvent {
-	return GuardEvent{Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token, Start: g.obs.start}
-}
-
-// observeStart reports a new Guard whose acquire request was sent at
-// sent; it runs before the Guard is shared.
-func (g *Guard) observeStart(sent time.Time) {
-	o := g.c.opts.Observer
-	if o == nil {
-		return
-	}
-	g.obs = &guardObs{start: sent, owner: g.owner}
-	if o.GuardStart != nil {
-		o.GuardStart(g.parent, g.event())
-	}
+func (o *guardObs) heldFor() time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.held
 }
 
 // markEnded marks the Guard ended at at, once: it returns false if it had
-// already ended. Held is then readable.
-func (g *Guard) markEnded(at time.Time) bool {
-	if g.obs == nil {
+// already ended (or o is nil: no Observer). Held is then readable.
+func (o *guardObs) markEnded(at time.Time) bool {
+	if o == nil {
 		return false
 	}
-	g.obs.mu.Lock()
-	defer g.obs.mu.Unlock()
-	if g.obs.ended {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.ended {
 		return false
 	}
-	g.obs.ended, g.obs.held = true, at.Sub(g.obs.start)
+	o.ended, o.held = true, at.Sub(o.start)
 	return true
 }
 
-// observeEnd reports GuardEnd, after markEnded.
-func (g *Guard) observeEnd(outcome Outcome, err error) {
-	if o := g.c.opts.Observer; o != nil && o.GuardEnd != nil {
-		e := g.event()
-		e.Outcome, e.Held, e.Err = outcome, g.heldFor(), err
-		o.GuardEnd(g.parent, e)
+func (ob observer) guardEvent(g *Guard) GuardEvent {
+	return GuardEvent{Key: g.key, Owner: g.obs.owner, Backend: ob.backend, Token: g.token, Start: g.obs.start}
+}
+
+// guardStart reports the new Guard g, before it is shared.
+func (ob observer) guardStart(g *Guard) {
+	if ob.o != nil && ob.o.GuardStart != nil {
+		ob.o.GuardStart(g.parent, ob.guardEvent(g))
 	}
 }
 
-// observeRenew reports a renewal sent at sent and answered at replied
-// with the backend's error berr, while local was the local deadline; final
-// points to renew's result. It runs deferred.
-func (g *Guard) observeRenew(sent, replied, local time.Time, berr error, final *error) {
-	o := g.c.opts.Observer
-	if o == nil || o.Renew == nil {
+// guardEnd reports GuardEnd, after markEnded.
+func (ob observer) guardEnd(g *Guard, outcome Outcome, err error) {
+	if ob.o.GuardEnd != nil {
+		e := ob.guardEvent(g)
+		e.Outcome, e.Held, e.Err = outcome, g.obs.heldFor(), err
+		ob.o.GuardEnd(g.parent, e)
+	}
+}
+
+// renewal is one renewal's data for its event: sent at sent and answered
+// at replied with the backend's error err, while local was the local
+// deadline; final is the renewal's result for the Guard (renew's).
+type renewal struct {
+	sent, replied, local time.Time
+	err, final           error
+}
+
+// renew reports the renewal r of g's lease.
+func (ob observer) renew(g *Guard, r renewal) {
+	if ob.o == nil || ob.o.Renew == nil {
 		return
 	}
-	outcome := outcomeOf(berr, OutcomeRenewed)
-	if berr == nil && (errors.Is(*final, errRenewTooLate) || errors.Is(*final, ErrLeaseLost)) {
+	outcome := outcomeOf(r.err, OutcomeRenewed)
+	if r.err == nil && (errors.Is(r.final, errRenewTooLate) || errors.Is(r.final, ErrLeaseLost)) {
 		// Renewed at the backend, but the local deadline had passed: the
 		// Guard is (being) lost.
 		outcome = OutcomeLate
 	}
-	o.Renew(g.parent, RenewEvent{
-		Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token,
-		Outcome: outcome, Start: sent, Duration: replied.Sub(sent), Slack: local.Sub(replied), Err: berr,
+	ob.o.Renew(g.parent, RenewEvent{
+		Key: g.key, Owner: g.obs.owner, Backend: ob.backend, Token: g.token,
+		Outcome: outcome, Start: r.sent, Duration: r.replied.Sub(r.sent), Slack: r.local.Sub(r.replied), Err: r.err,
 	})
 }
 
-// noteLoss logs and reports the Guard's loss le, just recorded by lose.
-// ours says whether le is the Guard's cause (no earlier end).
-func (g *Guard) noteLoss(le *LostError, ours bool) {
-	if ours {
-		g.c.log.WarnContext(g.parent, "sqllock: lease lost", g.logAttrs("reason", le.Reason.Name(), "err", le.Err)...)
-	}
-	g.observeLost(le, time.Now())
-}
-
-// observeLost reports the loss le, found at at, unless the Guard had
+// lost reports the loss le of g's lease, found at at, unless the Guard had
 // ended before: Lost, then GuardEnd.
-func (g *Guard) observeLost(le *LostError, at time.Time) {
-	if !g.markEnded(at) {
+func (ob observer) lost(g *Guard, le *LostError, at time.Time) {
+	if !g.obs.markEnded(at) {
 		return
 	}
-	if o := g.c.opts.Observer; o != nil && o.Lost != nil {
-		o.Lost(g.parent, LostEvent{
-			Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token,
-			Reason: le.Reason, Held: g.heldFor(), Err: le,
+	if ob.o.Lost != nil {
+		ob.o.Lost(g.parent, LostEvent{
+			Key: g.key, Owner: g.obs.owner, Backend: ob.backend, Token: g.token,
+			Reason: le.Reason, Held: g.obs.heldFor(), Err: le,
 		})
 	}
-	g.observeEnd(OutcomeLost, le)
+	ob.guardEnd(g, OutcomeLost, le)
 }
 
-// observeRelease reports the release that began at start and ended with
-// *err, after the loss it found, if any, and the Guard's end. It runs
-// deferred in releaseBackend.
-func (g *Guard) observeRelease(start time.Time, err *error) {
-	if le, ok := errors.AsType[*LostError](*err); ok {
-		g.observeLost(le, start) // nothing if the loss was reported before
+// release reports g's release, which began at start and returned err,
+// after the loss it found, if any, and the Guard's end.
+func (ob observer) release(g *Guard, start time.Time, err error) {
+	if ob.o == nil {
+		return
 	}
-	if g.markEnded(start) {
+	if le, ok := errors.AsType[*LostError](err); ok {
+		ob.lost(g, le, start) // nothing if the loss was reported before
+	}
+	if g.obs.markEnded(start) {
 		outcome := OutcomeReleased
 		if !errors.Is(g.Err(), ErrReleased) {
 			outcome = OutcomeCanceled // the acquire's context ended first
 		}
-		g.observeEnd(outcome, g.Err())
+		ob.guardEnd(g, outcome, g.Err())
 	}
-	if o := g.c.opts.Observer; o != nil && o.Release != nil {
-		o.Release(g.parent, ReleaseEvent{
-			Key: g.key, Owner: g.obs.owner, Backend: g.c.opts.BackendName, Token: g.token,
-			Outcome: outcomeOf(*err, OutcomeReleased), Start: start, Duration: time.Since(start),
-			Held: g.heldFor(), Err: *err,
+	if ob.o.Release != nil {
+		ob.o.Release(g.parent, ReleaseEvent{
+			Key: g.key, Owner: g.obs.owner, Backend: ob.backend, Token: g.token,
+			Outcome: outcomeOf(err, OutcomeReleased), Start: start, Duration: time.Since(start),
+			Held: g.obs.heldFor(), Err: err,
 		})
 	}
 }
 
 // logAttrs returns the Guard's stable log attributes followed by more.
 func (g *Guard) logAttrs(more ...any) []any {
-	return append([]any{"key", g.key, "token", g.token, "owner", g.Lease().Owner, "backend", g.c.opts.BackendName}, more...)
+	return append([]any{"key", g.key, "token", g.token, "owner", g.owner, "backend", g.c.opts.BackendName}, more...)
 }
 
 // logRenewFailure logs a transient renewal failure, which the scheduler

@@ -42,7 +42,7 @@ type scheduler struct {
 	c  *Client
 	br BatchRenewer // nil: one TryRenew per Guard
 
-	mu    sync.Mutex // guards the fields below and the Guards' scheduling fields
+	mu    sync.Mutex // guards the fields below and the Guards' schedSlot
 	due   guardHeap  // Guards waiting for their next renewal, by due
 	exp   guardHeap  // live Guards, by local deadline
 	timer *time.Timer
@@ -50,6 +50,17 @@ type scheduler struct {
 	// maxWindow is the longest renew window of any Guard scheduled so far:
 	// fire looks that far ahead in the due heap.
 	maxWindow time.Duration
+}
+
+// schedSlot is a Guard's place in the scheduler, guarded by the
+// scheduler's mu (newGuard sets it before the Guard is shared).
+type schedSlot struct {
+	due      time.Time // the next renewal
+	expAt    time.Time // the local deadline, as the deadline heap has it
+	dueIdx   int32     // index in the due heap, -1 if not there
+	expIdx   int32     // index in the deadline heap, -1 if not there
+	inFlight *batch    // the batch carrying this lease's renewal, if any
+	alone    bool      // renew it next on its own (TryRenew), not in a batch
 }
 
 // batch is one call to the backend in flight: a batch renewal, or one
@@ -87,24 +98,24 @@ type guardHeap struct {
 
 func (h *guardHeap) key(g *Guard) time.Time {
 	if h.byDue {
-		return g.due
+		return g.slot.due
 	}
-	return g.expAt
+	return g.slot.expAt
 }
 
 func (h *guardHeap) setIdx(i int) {
 	if h.byDue {
-		h.gs[i].dueIdx = int32(i)
+		h.gs[i].slot.dueIdx = int32(i)
 	} else {
-		h.gs[i].expIdx = int32(i)
+		h.gs[i].slot.expIdx = int32(i)
 	}
 }
 
 func (h *guardHeap) idx(g *Guard) int {
 	if h.byDue {
-		return int(g.dueIdx)
+		return int(g.slot.dueIdx)
 	}
-	return int(g.expIdx)
+	return int(g.slot.expIdx)
 }
 
 // Len, Less, Swap, Push and Pop implement heap.Interface; the scheduler
@@ -129,9 +140,9 @@ func (h *guardHeap) Pop() any {
 	h.gs[last] = nil
 	h.gs = h.gs[:last]
 	if h.byDue {
-		g.dueIdx = -1
+		g.slot.dueIdx = -1
 	} else {
-		g.expIdx = -1
+		g.slot.expIdx = -1
 	}
 	return g
 }
@@ -162,13 +173,13 @@ func newScheduler(c *Client) *scheduler {
 	return s
 }
 
-// add schedules a new Guard: its first renewal at due (none when zero: a
-// Guard capped by its max hold already), its end at local.
-func (s *scheduler) add(g *Guard, due, local time.Time) {
+// add schedules a new Guard as newGuard set its slot: its first renewal
+// at due (none when zero: a Guard capped by its max hold already), its end
+// at expAt.
+func (s *scheduler) add(g *Guard) {
 	s.mu.Lock()
-	g.due, g.expAt = due, local
 	s.maxWindow = max(s.maxWindow, g.s.window)
-	if !due.IsZero() {
+	if !g.slot.due.IsZero() {
 		s.due.push(g)
 	}
 	s.exp.push(g)
@@ -183,11 +194,11 @@ func (s *scheduler) remove(g *Guard) (b *batch, last bool) {
 	s.mu.Lock()
 	s.due.remove(g)
 	s.exp.remove(g)
-	b = g.inFlight
+	b = g.slot.inFlight
 	if b != nil {
 		b.live--
 		last = b.live == 0
-		g.inFlight = nil
+		g.slot.inFlight = nil
 	}
 	// The timer is left as it is, even with no Guard left: it fires once
 	// for nothing (see fire), while stopping it here and arming it again
@@ -214,10 +225,10 @@ func (s *scheduler) stopIfIdle() {
 func (s *scheduler) armLocked() {
 	var next time.Time
 	if len(s.due.gs) > 0 {
-		next = s.due.top().due
+		next = s.due.top().slot.due
 	}
 	if len(s.exp.gs) > 0 {
-		if e := s.exp.top().expAt; next.IsZero() || e.Before(next) {
+		if e := s.exp.top().slot.expAt; next.IsZero() || e.Before(next) {
 			next = e
 		}
 	}
@@ -244,7 +255,7 @@ func (s *scheduler) fire() {
 	s.mu.Lock()
 	s.at = time.Time{}
 	var expired []*Guard
-	for len(s.exp.gs) > 0 && !now.Before(s.exp.top().expAt) {
+	for len(s.exp.gs) > 0 && !now.Before(s.exp.top().slot.expAt) {
 		g := s.exp.top()
 		s.exp.remove(g)
 		s.due.remove(g)
@@ -254,18 +265,18 @@ func (s *scheduler) fire() {
 	var later []*Guard
 	maxBatch := s.c.opts.MaxRenewBatch
 	var cur *send
-	for len(s.due.gs) > 0 && !s.due.top().due.After(now.Add(s.maxWindow)) {
+	for len(s.due.gs) > 0 && !s.due.top().slot.due.After(now.Add(s.maxWindow)) {
 		g := s.due.top()
 		s.due.remove(g)
-		if g.due.After(now.Add(g.s.window)) {
+		if g.slot.due.After(now.Add(g.s.window)) {
 			later = append(later, g) // its own window is shorter
 			continue
 		}
-		if s.br == nil || g.alone {
-			g.alone = false
-			sends = append(sends, send{b: &batch{done: make(chan struct{})}, gs: []*Guard{g}, single: true, first: g.expAt, until: g.expAt})
+		if s.br == nil || g.slot.alone {
+			g.slot.alone = false
+			sends = append(sends, send{b: &batch{done: make(chan struct{})}, gs: []*Guard{g}, single: true, first: g.slot.expAt, until: g.slot.expAt})
 			cur = nil
-			g.inFlight = sends[len(sends)-1].b
+			g.slot.inFlight = sends[len(sends)-1].b
 			continue
 		}
 		if cur == nil || len(cur.gs) == maxBatch {
@@ -273,13 +284,13 @@ func (s *scheduler) fire() {
 			cur = &sends[len(sends)-1]
 		}
 		cur.gs = append(cur.gs, g)
-		if g.expAt.After(cur.until) {
-			cur.until = g.expAt
+		if g.slot.expAt.After(cur.until) {
+			cur.until = g.slot.expAt
 		}
-		if cur.first.IsZero() || g.expAt.Before(cur.first) {
-			cur.first = g.expAt
+		if cur.first.IsZero() || g.slot.expAt.Before(cur.first) {
+			cur.first = g.slot.expAt
 		}
-		g.inFlight = cur.b
+		g.slot.inFlight = cur.b
 	}
 	for _, g := range later {
 		s.due.push(g)
@@ -385,22 +396,22 @@ func (s *scheduler) run(sd send) {
 // moves back) and clears its batch if b carried it. Called with g.mu held.
 func (s *scheduler) reschedule(g *Guard, b *batch, due, local time.Time, alone bool) {
 	s.mu.Lock()
-	if g.inFlight == b && b != nil {
-		g.inFlight = nil
+	if g.slot.inFlight == b && b != nil {
+		g.slot.inFlight = nil
 		b.live--
 	}
-	if g.expIdx >= 0 { // still live
+	if g.slot.expIdx >= 0 { // still live
 		// A manual Renew (due zero) leaves the schedule alone.
 		if !due.IsZero() {
-			g.due = due
-			g.alone = alone
+			g.slot.due = due
+			g.slot.alone = alone
 			s.due.fix(g)
 		}
-		if local.After(g.expAt) {
-			g.expAt = local
+		if local.After(g.slot.expAt) {
+			g.slot.expAt = local
 			s.exp.fix(g)
 		}
-		if g.capped(g.expAt) {
+		if g.capped(g.slot.expAt) {
 			// The local deadline reached the max hold: no renewal can
 			// extend it, so none is sent; the Guard ends at it.
 			s.due.remove(g)
@@ -413,8 +424,8 @@ func (s *scheduler) reschedule(g *Guard, b *batch, due, local time.Time, alone b
 // landed clears g's batch if b carried it. Called with g.mu held.
 func (s *scheduler) landed(g *Guard, b *batch) {
 	s.mu.Lock()
-	if g.inFlight == b && b != nil {
-		g.inFlight = nil
+	if g.slot.inFlight == b && b != nil {
+		g.slot.inFlight = nil
 		b.live--
 	}
 	s.mu.Unlock()

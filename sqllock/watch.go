@@ -28,7 +28,7 @@ func (c *Client) watchParent(g *Guard) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || (g.prev == nil && c.guards != g) {
+	if c.closed || !c.linked(g) {
 		return // released by Close, or about to be
 	}
 	w := c.watches[done]
@@ -46,7 +46,7 @@ func (c *Client) watchParent(g *Guard) {
 		c.idle = nil
 	}
 	w.guards[g] = struct{}{}
-	g.watch = w
+	g.link.watch = w
 }
 
 // unwatchParent stops watching g's acquire context: g was released or
@@ -55,8 +55,8 @@ func (c *Client) watchParent(g *Guard) {
 func (c *Client) unwatchParent(g *Guard) {
 	var stop func() bool
 	c.mu.Lock()
-	if w := g.watch; w != nil {
-		g.watch = nil
+	if w := g.link.watch; w != nil {
+		g.link.watch = nil
 		delete(w.guards, g)
 		if len(w.guards) == 0 && c.watches[w.done] == w {
 			if c.idle != nil && c.idle != w {
@@ -86,7 +86,7 @@ func (c *Client) parentDone(w *parentWatch) {
 	gs := make([]*Guard, 0, len(w.guards))
 	for g := range w.guards {
 		gs = append(gs, g)
-		g.watch = nil
+		g.link.watch = nil
 	}
 	clear(w.guards)
 	c.mu.Unlock()

@@ -13,7 +13,7 @@ import (
 )
 
 // Regression tests for core bugs the simulation found: each was an anomaly
-// on the seeds named in its comment until sqllock/guard.go's Release
+// on the seeds named in its comment until sqllock's Guard.Release
 // cancelled the guard's context before calling the backend.
 
 // slowRelease applies a release at once, but its reply takes delay.
