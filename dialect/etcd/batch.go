@@ -17,8 +17,9 @@ import (
 const DefaultMaxTxnOps = 128
 
 // minTxnOps is the least [Options.MaxTxnOps] accepted: the operations of
-// a grant's transaction, and a batch's nested transaction within one.
-const minTxnOps = nestedWidth + 1
+// a release's transaction (a state read of 4, and a nested transaction of
+// one operation within it), and a batch's nested transaction within one.
+const minTxnOps = 5
 
 var _ sqllock.BatchRenewer = (*Backend)(nil)
 
@@ -106,7 +107,7 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 			l := bl.l
 			l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(granted)*time.Second)
 			b.rememberLease(l.Key, l.Token, bl.id, l.Deadline)
-			bl.res.Lease = l
+			bl.res.Lease = b.withHold(l)
 		case ok[i] && alive:
 			longer = append(longer, bl)
 		case ok[i]:
@@ -289,7 +290,7 @@ func (b *Backend) batchLonger(ctx context.Context, longer []*batchLease, sent ti
 			l := bl.l
 			l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(g.ttl)*time.Second)
 			b.rememberLease(bl.l.Key, bl.l.Token, g.id, l.Deadline)
-			bl.res.Lease = l
+			bl.res.Lease = b.withHold(l)
 		}
 		return nil
 	})

@@ -34,8 +34,8 @@ type Options struct {
 	Prefix string
 	// MaxTxnOps is the most operations the Backend puts in one etcd
 	// transaction (default [DefaultMaxTxnOps], etcd's own default); set
-	// it to the cluster's --max-txn-ops if that is lower; at least 4,
-	// which a grant needs. A batch renewal of more leases than fit is
+	// it to the cluster's --max-txn-ops if that is lower; at least 5,
+	// which a release needs. A batch renewal of more leases than fit is
 	// split into several transactions.
 	MaxTxnOps int
 }
@@ -83,6 +83,14 @@ type seenRecord struct {
 	// deadline is the Deadline this Backend last reported for the lease
 	// of token on etcd lease lease (zero: none): what List reports for it.
 	deadline time.Time
+	// holdLease is the etcd lease of the min-hold key of token (0: none
+	// or not known), and holdUntil the end of that hold this Backend
+	// reported at the grant (zero: not known).
+	holdLease clientv3.LeaseID
+	holdUntil time.Time
+	// holdUnread: the read this record came from did not read the
+	// min-hold key (a renewal's check), so it says nothing of the hold.
+	holdUnread bool
 }
 
 // maxSeen bounds the hint cache: past it an arbitrary entry is dropped,
@@ -121,6 +129,7 @@ func (b *Backend) Prefix() string { return b.prefix }
 func (b *Backend) tokenKey(k string) string   { return b.prefix + "t/" + k }
 func (b *Backend) holderKey(k string) string  { return b.prefix + "h/" + k }
 func (b *Backend) releaseKey(k string) string { return b.prefix + "r/" + k }
+func (b *Backend) holdKey(k string) string    { return b.prefix + "m/" + k }
 
 // tokenRecord is the value of <prefix>t/K.
 type tokenRecord struct {
@@ -135,13 +144,30 @@ type releaseRecord struct {
 	By    string `json:"by"`
 }
 
-// keyState is one key's three etcd keys, read at one revision.
+// holdRecord is the value of <prefix>m/K: the grant whose min hold it
+// keeps.
+type holdRecord struct {
+	Token int64  `json:"token"`
+	Owner string `json:"owner"`
+}
+
+// holdValue is the min-hold key's value for the grant of token to owner.
+func holdValue(token int64, owner string) string {
+	v, _ := json.Marshal(holdRecord{Token: token, Owner: owner}) // cannot fail: an int and a string
+	return string(v)
+}
+
+// keyState is one key's etcd keys, read at one revision.
 type keyState struct {
 	rec    tokenRecord
 	recRev int64 // mod revision of the token record; 0 when absent
 	holder *mvccpb.KeyValue
 	rel    releaseRecord
 	relRev int64 // mod revision of the release record; 0 when absent
+	// hold is the min-hold key (nil when absent or not read); it only
+	// ever carries the current token, since a grant requires it absent.
+	hold       *mvccpb.KeyValue
+	holdUnread bool // the read did not include the min-hold key
 }
 
 // released reports whether the current token was released.
@@ -151,6 +177,11 @@ func (s keyState) released() bool { return s.relRev != 0 && s.rel.Token == s.rec
 func (s keyState) held() bool {
 	return s.holder != nil && string(s.holder.Value) == tokenString(s.rec.Token)
 }
+
+// taken reports whether no grant can be made: the current grant is held,
+// or its min hold has not ended (by etcd's expiry of the hold's lease),
+// released or not.
+func (s keyState) taken() bool { return s.held() || s.hold != nil }
 
 // sqllock returns the state as every backend describes it.
 func (s keyState) sqllock() sqllock.KeyState {
@@ -167,15 +198,19 @@ func (s keyState) sqllock() sqllock.KeyState {
 }
 
 func (s keyState) seen() seenRecord {
-	r := seenRecord{rev: s.recRev, token: s.rec.Token, held: s.held()}
-	if r.held {
+	r := seenRecord{rev: s.recRev, token: s.rec.Token, held: s.taken(), holdUnread: s.holdUnread}
+	if s.held() {
 		r.lease = clientv3.LeaseID(s.holder.Lease)
+	}
+	if s.hold != nil {
+		r.holdLease = clientv3.LeaseID(s.hold.Lease)
 	}
 	return r
 }
 
-// readOps are the operations that read a key's state, in the order
-// parseState expects.
+// readOps are the operations that read what a renewal needs of a key's
+// state, in the order parseState expects: the token record, the holder,
+// the release record.
 func (b *Backend) readOps(key string) []clientv3.Op {
 	return []clientv3.Op{
 		clientv3.OpGet(b.tokenKey(key)),
@@ -184,10 +219,22 @@ func (b *Backend) readOps(key string) []clientv3.Op {
 	}
 }
 
+// stateOps are readOps and the min-hold key: the whole state, which a
+// grant and a release decide on.
+func (b *Backend) stateOps(key string) []clientv3.Op {
+	return append(b.readOps(key), clientv3.OpGet(b.holdKey(key)))
+}
+
 func parseState(key string, rs []*etcdserverpb.ResponseOp) (keyState, error) {
 	var s keyState
-	if len(rs) != 3 {
-		return s, fmt.Errorf("sqllock/etcd: %q: %d responses to a state read, want 3", key, len(rs))
+	if len(rs) != 3 && len(rs) != 4 {
+		return s, fmt.Errorf("sqllock/etcd: %q: %d responses to a state read, want 3 or 4", key, len(rs))
+	}
+	s.holdUnread = len(rs) == 3
+	if !s.holdUnread {
+		if kvs := rs[3].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			s.hold = kvs[0]
+		}
 	}
 	if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
 		if err := json.Unmarshal(kvs[0].Value, &s.rec); err != nil {
@@ -209,7 +256,7 @@ func parseState(key string, rs []*etcdserverpb.ResponseOp) (keyState, error) {
 
 // read reads key's state in one linearizable, read-only transaction.
 func (b *Backend) read(ctx context.Context, o op, key string) (keyState, error) {
-	resp, err := b.cli.Txn(ctx).Then(b.readOps(key)...).Commit()
+	resp, err := b.cli.Txn(ctx).Then(b.stateOps(key)...).Commit()
 	if err != nil {
 		return keyState{}, translate(ctx, o.read(), key, err)
 	}
@@ -223,9 +270,19 @@ func (b *Backend) read(ctx context.Context, o op, key string) (keyState, error) 
 func (b *Backend) remember(key string, s seenRecord) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if old, ok := b.seen[key]; ok && s.deadline.IsZero() && old.token == s.token && old.lease == s.lease {
-		s.deadline = old.deadline // a read does not know it
+	if old, ok := b.seen[key]; ok && old.token == s.token {
+		// A read does not know the deadlines reported.
+		if s.deadline.IsZero() && old.lease == s.lease {
+			s.deadline = old.deadline
+		}
+		switch {
+		case s.holdUnread:
+			s.holdLease, s.holdUntil = old.holdLease, old.holdUntil
+		case s.holdUntil.IsZero() && old.holdLease == s.holdLease:
+			s.holdUntil = old.holdUntil
+		}
 	}
+	s.holdUnread = false
 	if _, ok := b.seen[key]; !ok && len(b.seen) >= maxSeen {
 		for k := range b.seen {
 			delete(b.seen, k)
@@ -263,6 +320,17 @@ func (b *Backend) recall(key string) seenRecord {
 	return b.seen[key]
 }
 
+// withHold is l with its Deadline at least the end of its grant's min
+// hold, when this Backend made that grant: a renewal never reports a
+// deadline before grant + MinHold. The hold is etcd's own (its key's
+// lease), so this is the report only, never the decision.
+func (b *Backend) withHold(l sqllock.Lease) sqllock.Lease {
+	if r := b.recall(l.Key); r.token == l.Token && r.holdUntil.After(l.Deadline) {
+		l.Deadline = r.holdUntil
+	}
+	return l
+}
+
 // cloneValue is v, nil when empty: a value is nil for none.
 func cloneValue(v []byte) []byte {
 	if len(v) == 0 {
@@ -289,9 +357,6 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
 	}
-	if req.MinHold != 0 {
-		return sqllock.Lease{}, fmt.Errorf("%w: %s (not yet)", sqllock.ErrMinHoldUnsupported, "etcd")
-	}
 	if err := ctx.Err(); err != nil {
 		return sqllock.Lease{}, notSent(opAcquire, req.Key, err)
 	}
@@ -303,19 +368,20 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		if err != nil {
 			return sqllock.Lease{}, err
 		}
-		if s.held() && s.rec.Owner != req.Owner {
+		if s.taken() && !(s.held() && s.rec.Owner == req.Owner) {
 			return sqllock.Lease{}, b.refusal(ctx, req.Key, s)
 		}
 		seen = s.seen()
 	}
 	sent := time.Now()
-	grant, err := b.etcdLease(ctx, req.Key, ttlSeconds(req.TTL), sent)
+	grant, hold, err := b.grantLeases(ctx, req, sent)
 	if err != nil {
 		return sqllock.Lease{}, err
 	}
-	lease := sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: sent, Deadline: sent.Add(time.Duration(grant.ttl) * time.Second)}
+	lease := sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: sent, Deadline: sent.Add(time.Duration(max(grant.ttl, hold.ttl)) * time.Second)}
 	for range maxAttempts {
 		if seen.token == math.MaxInt64 {
+			b.putSpare(hold)
 			return b.exhausted(ctx, lease, grant)
 		}
 		token := seen.token + 1
@@ -326,18 +392,27 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		if err := ctx.Err(); err != nil {
 			return sqllock.Lease{}, notSent(opAcquire, req.Key, err)
 		}
-		resp, err := b.cli.Txn(ctx).If(
-			clientv3.Compare(clientv3.CreateRevision(b.holderKey(req.Key)), "=", 0),
-			clientv3.Compare(clientv3.ModRevision(b.tokenKey(req.Key)), "=", seen.rev),
-		).Then(
+		puts := []clientv3.Op{
 			clientv3.OpPut(b.tokenKey(req.Key), string(rec)),
 			clientv3.OpPut(b.holderKey(req.Key), tokenString(token), clientv3.WithLease(grant.id)),
-		).Else(b.readOps(req.Key)...).Commit()
+		}
+		var until time.Time
+		if hold.id != 0 {
+			puts = append(puts, clientv3.OpPut(b.holdKey(req.Key), holdValue(token, req.Owner), clientv3.WithLease(hold.id)))
+			until = sent.Add(time.Duration(hold.ttl) * time.Second)
+		}
+		resp, err := b.cli.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(b.holderKey(req.Key)), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(b.holdKey(req.Key)), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(b.tokenKey(req.Key)), "=", seen.rev),
+		).Then(puts...).Else(b.stateOps(req.Key)...).Commit()
 		if err != nil {
+			// Neither etcd lease is kept as a spare: a key may be on it.
 			return sqllock.Lease{}, translate(ctx, opAcquire, req.Key, err)
 		}
 		if resp.Succeeded {
-			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token, lease: grant.id, deadline: lease.Deadline})
+			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token, lease: grant.id,
+				deadline: sent.Add(time.Duration(grant.ttl) * time.Second), holdLease: hold.id, holdUntil: until})
 			lease.Token, lease.Value = token, cloneValue(req.Value)
 			return lease, nil
 		}
@@ -346,8 +421,10 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			return sqllock.Lease{}, err
 		}
 		b.remember(req.Key, s.seen())
-		if s.held() {
-			if s.rec.Owner == req.Owner {
+		if s.taken() {
+			b.putSpare(hold) // a repeat keeps its first grant's hold
+			if s.held() && s.rec.Owner == req.Owner {
+				lease.Deadline = sent.Add(time.Duration(grant.ttl) * time.Second)
 				return b.regrant(ctx, lease, s, grant)
 			}
 			b.putSpare(grant)
@@ -358,6 +435,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		seen = s.seen()
 	}
 	b.putSpare(grant)
+	b.putSpare(hold)
 	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the key changed under %d attempts in a row", req.Key, sqllock.ErrUnavailable, maxAttempts)
 }
 
@@ -373,7 +451,7 @@ func (b *Backend) exhausted(ctx context.Context, lease sqllock.Lease, sp spare) 
 	switch {
 	case err != nil:
 		return sqllock.Lease{}, err
-	case s.held():
+	case s.taken():
 		return sqllock.Lease{}, b.refusal(ctx, lease.Key, s)
 	case s.rec.Token < math.MaxInt64:
 		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the token record changed; try again", lease.Key, sqllock.ErrUnavailable)
@@ -391,7 +469,7 @@ func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, 
 		clientv3.Compare(clientv3.ModRevision(b.tokenKey(lease.Key)), "=", s.recRev),
 	).Then(
 		clientv3.OpPut(b.holderKey(lease.Key), token, clientv3.WithLease(sp.id)),
-	).Else(b.readOps(lease.Key)...).Commit()
+	).Else(b.stateOps(lease.Key)...).Commit()
 	if err != nil {
 		return sqllock.Lease{}, translate(ctx, opAcquire, lease.Key, err)
 	}
@@ -403,14 +481,40 @@ func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, 
 		if err != nil {
 			return sqllock.Lease{}, err
 		}
-		if s.held() {
+		if s.taken() {
 			return sqllock.Lease{}, b.refusal(ctx, lease.Key, s)
 		}
 		return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the earlier grant of this acquire ended while it was repeated; try again", lease.Key, sqllock.ErrUnavailable)
 	}
 	b.rememberLease(lease.Key, s.rec.Token, sp.id, lease.Deadline)
 	lease.Token, lease.Value = s.rec.Token, cloneValue(s.rec.Value)
-	return lease, nil
+	return b.withHold(lease), nil
+}
+
+// grantLeases returns the etcd lease for req's grant and, when req has a
+// MinHold, the one its min-hold key goes on (else a zero spare), both
+// granted (or renewed from spares) after sent, at the same time: a min
+// hold costs a second lease grant but no round trip more.
+func (b *Backend) grantLeases(ctx context.Context, req sqllock.AcquireRequest, sent time.Time) (grant, hold spare, err error) {
+	if req.MinHold == 0 {
+		grant, err = b.etcdLease(ctx, req.Key, ttlSeconds(req.TTL), sent)
+		return grant, spare{}, err
+	}
+	var holdErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		hold, holdErr = b.etcdLease(ctx, req.Key, ttlSeconds(req.MinHold), sent)
+	}()
+	grant, err = b.etcdLease(ctx, req.Key, ttlSeconds(req.TTL), sent)
+	<-done
+	if err != nil || holdErr != nil {
+		// Neither has a key yet: kept for reuse.
+		b.putSpare(grant)
+		b.putSpare(hold)
+		return spare{}, spare{}, cmp.Or(err, holdErr)
+	}
+	return grant, hold, nil
 }
 
 // etcdLease returns an etcd lease for a grant of sec seconds, whose TTL
@@ -466,8 +570,11 @@ func (b *Backend) takeSpare(sec int64) (spare, bool) {
 	return spare{}, false
 }
 
-// putSpare keeps sp, which has no key, for reuse.
+// putSpare keeps sp, which has no key, for reuse (none when sp.id is 0).
 func (b *Backend) putSpare(sp spare) {
+	if sp.id == 0 {
+		return
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.spares[sp.ttl]) < maxSpares {
@@ -480,7 +587,13 @@ func (b *Backend) putSpare(sp spare) {
 // tell).
 func (b *Backend) refusal(ctx context.Context, key string, s keyState) error {
 	he := &sqllock.HeldError{Key: key, Owner: s.rec.Owner, Token: s.rec.Token, Value: cloneValue(s.rec.Value)}
-	he.Remaining = b.remaining(ctx, clientv3.LeaseID(s.holder.Lease))
+	if s.held() {
+		he.Remaining = b.remaining(ctx, clientv3.LeaseID(s.holder.Lease))
+	}
+	if s.hold != nil {
+		// Held until the later of the holder's lease and the min hold's.
+		he.Remaining = max(he.Remaining, b.remaining(ctx, clientv3.LeaseID(s.hold.Lease)))
+	}
 	return he
 }
 
@@ -559,7 +672,7 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		case ok && alive:
 			l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(granted)*time.Second)
 			b.rememberLease(l.Key, l.Token, id, l.Deadline)
-			return l, nil
+			return b.withHold(l), nil
 		case ok:
 			// etcd no longer knows the lease, and its keys go with it.
 			return sqllock.Lease{}, &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
@@ -627,7 +740,7 @@ func (b *Backend) renewLonger(ctx context.Context, l sqllock.Lease, id clientv3.
 	b.revoke(ctx, id) // the old etcd lease has no key left
 	l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(grant.TTL)*time.Second)
 	b.rememberLease(l.Key, l.Token, grant.ID, l.Deadline)
-	return l, nil
+	return b.withHold(l), nil
 }
 
 // loss is why l is not valid in the state that an Else branch read.
@@ -646,7 +759,10 @@ func (b *Backend) loss(l sqllock.Lease, rs []*etcdserverpb.ResponseOp) error {
 }
 
 // Release implements [sqllock.Backend]: one transaction that deletes the
-// holder and records who released, iff l's token holds the key.
+// holder and records who released, iff l's token holds the key. The
+// min-hold key of l's grant stays when its owner releases (the key stays
+// taken until etcd expires the hold's lease), and goes when another owner
+// does (a forced release ends the hold at once).
 func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err := sqllock.ValidateLease(l); err != nil {
 		return err
@@ -663,7 +779,8 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	).Then(
 		clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
 		clientv3.OpPut(b.releaseKey(l.Key), string(rel)),
-	).Else(b.readOps(l.Key)...).Commit()
+		b.endHold(l),
+	).Else(b.stateOps(l.Key)...).Commit()
 	if err != nil {
 		return translate(ctx, opRelease, l.Key, err)
 	}
@@ -689,18 +806,28 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 			return nil // a repeat by the owner that released
 		}
 		lost := ks.Loss(l)
-		if lost == nil || lost.Reason != sqllock.LostExpired {
+		// A forced release of a grant in its min hold, held or released
+		// by its owner already: the hold ends now.
+		forced := s.hold != nil && s.rec.Token == l.Token && string(s.hold.Value) != holdValue(l.Token, l.Owner)
+		if lost == nil || (lost.Reason != sqllock.LostExpired && !forced) {
 			return lostOrNil(lost)
 		}
-		// Expired, token current: record the release all the same (as
-		// every backend clears the row), so that a repeat is nil.
+		// Expired (or in a min hold), token current: record the release
+		// all the same (as every backend clears the row), so that a
+		// repeat is nil.
+		var holdRev int64
+		if s.hold != nil {
+			holdRev = s.hold.ModRevision
+		}
 		resp, err = b.cli.Txn(ctx).If(
 			clientv3.Compare(clientv3.ModRevision(b.tokenKey(l.Key)), "=", s.recRev),
 			clientv3.Compare(clientv3.CreateRevision(b.holderKey(l.Key)), "=", 0),
 			clientv3.Compare(clientv3.ModRevision(b.releaseKey(l.Key)), "=", s.relRev),
+			clientv3.Compare(clientv3.ModRevision(b.holdKey(l.Key)), "=", holdRev),
 		).Then(
 			clientv3.OpPut(b.releaseKey(l.Key), string(rel)),
-		).Else(b.readOps(l.Key)...).Commit()
+			b.endHold(l),
+		).Else(b.stateOps(l.Key)...).Commit()
 		if err != nil {
 			return translate(ctx, opRelease, l.Key, err)
 		}
@@ -709,6 +836,34 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		}
 	}
 	return fmt.Errorf("sqllock/etcd: release %q: %w: the key changed under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+// endHold is the operation of a release of l that ends the min hold of
+// l's grant unless l's owner releases: a nested transaction that deletes
+// the min-hold key unless it names l's token and owner.
+func (b *Backend) endHold(l sqllock.Lease) clientv3.Op {
+	return clientv3.OpTxn(
+		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(b.holdKey(l.Key)), "=", holdValue(l.Token, l.Owner))},
+		nil,
+		[]clientv3.Op{clientv3.OpDelete(b.holdKey(l.Key))})
+}
+
+// leaseEnd is when the etcd lease of kv ends: known, the Deadline this
+// Backend reported for it when kv is on etcd lease id; else from etcd's
+// time-to-live (one round trip, whole seconds).
+func (b *Backend) leaseEnd(ctx context.Context, kv *mvccpb.KeyValue, id clientv3.LeaseID, known time.Time) time.Time {
+	if clientv3.LeaseID(kv.Lease) == id && !known.IsZero() {
+		return known
+	}
+	now := time.Now()
+	return now.Add(b.remaining(ctx, clientv3.LeaseID(kv.Lease)))
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func lostOrNil(lost *sqllock.LostError) error {
@@ -734,6 +889,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		clientv3.OpGet(b.tokenKey(prefix), clientv3.WithPrefix()),
 		clientv3.OpGet(b.holderKey(prefix), clientv3.WithPrefix()),
 		clientv3.OpGet(b.releaseKey(prefix), clientv3.WithPrefix()),
+		clientv3.OpGet(b.holdKey(prefix), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, translate(ctx, opList, prefix, err)
@@ -750,6 +906,10 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		}
 		releases[strings.TrimPrefix(string(kv.Key), b.releaseKey(""))] = r
 	}
+	holds := make(map[string]*mvccpb.KeyValue)
+	for _, kv := range resp.Responses[3].GetResponseRange().GetKvs() {
+		holds[strings.TrimPrefix(string(kv.Key), b.holdKey(""))] = kv
+	}
 	var out []sqllock.LockInfo
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
 		key := strings.TrimPrefix(string(kv.Key), b.tokenKey(""))
@@ -758,24 +918,29 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 			return nil, fmt.Errorf("sqllock/etcd: corrupt token record %q: %w", kv.Key, err)
 		}
 		s.recRev = kv.ModRevision
-		s.holder = holders[key]
+		s.holder, s.hold = holders[key], holds[key]
 		if r, ok := releases[key]; ok {
 			s.rel, s.relRev = r, 1
 		}
 		ks := s.sqllock()
 		info := sqllock.LockInfo{Key: key, Token: ks.Token, Owner: ks.Owner, Value: cloneValue(s.rec.Value)}
-		if s.held() {
-			info.Held = true
-			if r := b.recall(key); r.token == s.rec.Token && r.lease == clientv3.LeaseID(s.holder.Lease) && !r.deadline.IsZero() {
-				// This Backend granted or renewed the lease last: the
-				// Deadline it reported.
-				info.Deadline = r.deadline
-				info.Remaining = max(time.Until(r.deadline), time.Millisecond)
-			} else {
-				now := time.Now()
-				info.Remaining = b.remaining(ctx, clientv3.LeaseID(s.holder.Lease))
-				info.Deadline = now.Add(info.Remaining)
+		if s.taken() {
+			// Held, or in its min hold: by the grant's owner, until the
+			// later of the two etcd leases' ends.
+			info.Held, info.Owner = true, s.rec.Owner
+			r := b.recall(key)
+			if r.token != s.rec.Token {
+				r = seenRecord{}
 			}
+			var until time.Time
+			if s.held() {
+				until = b.leaseEnd(ctx, s.holder, r.lease, r.deadline)
+			}
+			if s.hold != nil {
+				until = later(until, b.leaseEnd(ctx, s.hold, r.holdLease, r.holdUntil))
+			}
+			info.Deadline = until
+			info.Remaining = max(time.Until(until), time.Millisecond)
 		}
 		out = append(out, info)
 	}

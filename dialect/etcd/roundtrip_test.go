@@ -108,5 +108,18 @@ func TestRoundTrips(t *testing.T) {
 		require.True(t, errors.As(err, &he), "%v", err)
 	})
 	require.Greater(t, he.Remaining, 8*time.Second, "the holder's remaining time from etcd's time-to-live")
+	// A min hold: a second lease grant, sent together with the first (one
+	// round trip of latency), then the transaction; the release that
+	// leaves the hold is one transaction; List knows the hold's end; a
+	// refusal costs what acquire_refused_first does.
+	hold := req("hold", "o4")
+	hold.MinHold = time.Hour
+	step("acquire_min_hold", 3, func() { l, err = b.TryAcquire(ctx, hold); require.NoError(t, err) })
+	step("release_in_min_hold", 1, func() { require.NoError(t, b.Release(ctx, l)) })
+	step("list_1_in_min_hold", 1, func() { _, err := b.List(ctx, "hold"); require.NoError(t, err) })
+	step("acquire_refused_in_min_hold", 3, func() {
+		_, err := b.TryAcquire(ctx, req("hold", "w"))
+		require.True(t, errors.As(err, &he), "%v", err)
+	})
 	t.Logf("etcd round trips: %s", strings.Join(figures, " "))
 }
