@@ -255,12 +255,19 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		return translate(ctx, outcome.Release, l.Key, err)
 	}
 	if resp.Succeeded {
+		seen := b.recall(l.Key)
 		b.rememberLease(l.Key, l.Token, 0, time.Time{})
 		// The etcd lease is left without a key: kept for reuse (its TTL
 		// period began no earlier than l's BackendTime), else it expires
-		// by itself; a revoke would cost a raft write for nothing.
+		// by itself; a revoke would cost a raft write for nothing. Not
+		// when l's Deadline may be its min hold's end rather than its
+		// etcd lease's: the TTL would be wrong.
+		leaseEnd := l.Deadline
+		if seen.token == l.Token && !seen.holdUntil.IsZero() && !l.Deadline.After(seen.holdUntil) {
+			leaseEnd = time.Time{}
+		}
 		if prev := resp.Responses[0].GetResponseDeleteRange().GetPrevKvs(); len(prev) == 1 && prev[0].Lease != 0 {
-			if ttl := l.Deadline.Sub(l.BackendTime); ttl > 0 && ttl%time.Second == 0 && !l.BackendTime.IsZero() {
+			if ttl := leaseEnd.Sub(l.BackendTime); ttl > 0 && ttl%time.Second == 0 && !l.BackendTime.IsZero() {
 				b.putSpare(spare{id: clientv3.LeaseID(prev[0].Lease), ttl: int64(ttl / time.Second), at: l.BackendTime})
 			}
 		}
