@@ -323,10 +323,13 @@ func lostOrNil(lost *sqllock.LostError) error {
 }
 
 // List implements [sqllock.Backend]: one read-only transaction reads the
-// three key ranges at one revision. A held key whose lease this Backend
+// four key ranges at one revision. A held key whose lease this Backend
 // granted or renewed last reports the Deadline it reported then; any other
 // held key's remaining time is one more round trip (etcd's lease
-// time-to-live, in whole seconds).
+// time-to-live, in whole seconds). A key in its min hold is held, by the
+// grant's owner, until the later of the holder's end and the hold's (the
+// hold's end: the one this Backend reported at the grant, else one more
+// time-to-live).
 func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
 	if err := sqllock.ValidatePrefix(prefix); err != nil {
 		return nil, err

@@ -82,10 +82,10 @@
 // grant. Renewals keep the holder's etcd lease alive only: the hold's
 // runs out by itself. A holder whose own etcd lease ran out inside its
 // min hold (its guard ended at its local deadline first) is told its
-// lease expired on a later renewal, although the key stays taken until
-// the hold ends: the safe side. Waiters are woken by the holder key's
-// deletion, and poll for the end of a hold (they sleep at most its
-// remaining time).
+// lease expired on a later renewal (and its release returns that loss),
+// although the key stays taken until the hold ends: the safe side.
+// Waiters are woken by the holder key's deletion, and poll for the end of
+// a hold (they sleep at most its remaining time).
 //
 // # Renewal, and an etcd bug it does not rely on
 //
@@ -128,7 +128,8 @@
 // its parent leaves); longer TTLs get new etcd leases, moved in
 // transactions split the same way. Release: 1. List: 1, plus one
 // time-to-live per held key that this Backend did not grant or renew last
-// (for those it reports the Deadline it reported). Only grants, releases and lease grants are
+// (for those it reports the Deadline it reported), and one per min hold
+// it did not grant. Only grants, releases and lease grants are
 // raft writes; the renew check is a linearizable read and the keep-alive
 // is served by the leader alone.
 //
