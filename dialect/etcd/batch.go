@@ -8,17 +8,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
-
-// DefaultMaxTxnOps is the most operations a Backend puts in one etcd
-// transaction when [Options.MaxTxnOps] is 0: etcd's own default for
-// --max-txn-ops.
-const DefaultMaxTxnOps = 128
-
-// minTxnOps is the least [Options.MaxTxnOps] accepted: the operations of
-// a grant's transaction, and a batch's nested transaction within one.
-const minTxnOps = nestedWidth + 1
 
 var _ sqllock.BatchRenewer = (*Backend)(nil)
 
@@ -51,7 +43,7 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 		return nil, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, notSent(opRenew, reqs[0].Lease.Key, err)
+		return nil, notSent(outcome.Renew, reqs[0].Lease.Key, err)
 	}
 	type ref struct {
 		key   string
@@ -87,7 +79,7 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 	sent := time.Now()
 	ttls, err := b.ka.many(ctx, ids)
 	if err != nil {
-		return nil, translate(ctx, opRenew, reqs[0].Lease.Key, err)
+		return nil, translate(ctx, outcome.Renew, reqs[0].Lease.Key, err)
 	}
 
 	// The check, after the keep-alives.
@@ -106,7 +98,7 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 			l := bl.l
 			l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(granted)*time.Second)
 			b.rememberLease(l.Key, l.Token, bl.id, l.Deadline)
-			bl.res.Lease = l
+			bl.res.Lease = b.withHold(l)
 		case ok[i] && alive:
 			longer = append(longer, bl)
 		case ok[i]:
@@ -174,7 +166,7 @@ func (b *Backend) batchHints(ctx context.Context, leases []*batchLease) error {
 		}
 		resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return translate(ctx, opRenew, unseen[lo].l.Key, err)
+			return translate(ctx, outcome.Renew, unseen[lo].l.Key, err)
 		}
 		for i, bl := range unseen[lo:hi] {
 			kvs := resp.Responses[i].GetResponseRange().GetKvs()
@@ -203,7 +195,7 @@ func (b *Backend) batchCheck(ctx context.Context, leases []*batchLease) ([]keySt
 		}
 		resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return translate(ctx, opRenew, leases[lo].l.Key, err)
+			return translate(ctx, outcome.Renew, leases[lo].l.Key, err)
 		}
 		for i, bl := range leases[lo:hi] {
 			tr := resp.Responses[i].GetResponseTxn()
@@ -242,7 +234,7 @@ func (b *Backend) batchLonger(ctx context.Context, longer []*batchLease, sent ti
 			defer func() { <-sem }()
 			g, err := b.cli.Grant(ctx, bl.want)
 			if err != nil {
-				bl.res.Err = translate(ctx, opGrant, bl.l.Key, err)
+				bl.res.Err = translate(ctx, outcome.Grant, bl.l.Key, err)
 				return
 			}
 			grants[i] = spare{id: g.ID, ttl: g.TTL, at: sent}
@@ -270,7 +262,7 @@ func (b *Backend) batchLonger(ctx context.Context, longer []*batchLease, sent ti
 			if err != nil {
 				// A renew keeps the token: repeating it is safe, so its
 				// unknown outcome is merely unavailable.
-				bl.res.Err = translate(ctx, opRenew, bl.l.Key, err)
+				bl.res.Err = translate(ctx, outcome.Renew, bl.l.Key, err)
 				continue
 			}
 			tr := resp.Responses[j].GetResponseTxn()
@@ -289,7 +281,7 @@ func (b *Backend) batchLonger(ctx context.Context, longer []*batchLease, sent ti
 			l := bl.l
 			l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(g.ttl)*time.Second)
 			b.rememberLease(bl.l.Key, bl.l.Token, g.id, l.Deadline)
-			bl.res.Lease = l
+			bl.res.Lease = b.withHold(l)
 		}
 		return nil
 	})

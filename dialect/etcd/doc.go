@@ -10,7 +10,7 @@
 // # Keys
 //
 // Under [Options.Prefix] (default "sqllock/") each lock key K has up to
-// three etcd keys:
+// four etcd keys:
 //
 //	<prefix>t/K  the token record: the key's current token and the owner
 //	             it was granted to (JSON); written by every grant, never
@@ -20,10 +20,14 @@
 //	             unexpired by etcd (a release deletes it, etcd's expiry of
 //	             the lease deletes it)
 //	<prefix>r/K  the last release: the token released and who released it
+//	<prefix>m/K  the min hold of the current grant, when it was asked for
+//	             one ([sqllock.AcquireRequest.MinHold]): its token and
+//	             owner (JSON), attached to an etcd lease of its own
 //
 // A grant is one etcd transaction that compares the token record's
-// revision and the holder's absence, and writes the token record (token + 1)
-// and the holder; so tokens are a per-key counter, exactly previous + 1,
+// revision and the absence of the holder and of the min-hold key, and
+// writes the token record (token + 1) and the holder (and the min-hold
+// key); so tokens are a per-key counter, exactly previous + 1,
 // across release, expiry, member restart and whole-cluster restart. Deleting
 // these keys by hand (etcdctl del) restarts a key's tokens: never do that;
 // end a lease with a release instead.
@@ -54,6 +58,35 @@
 // [sqllock.HeldError.Remaining] come from etcd's lease time-to-live, which
 // etcd reports in whole seconds, rounded down.
 //
+// # Minimum hold
+//
+// etcd has no clock in a transaction, but its leases expire by the etcd
+// leader's clock. A grant with a MinHold gets two etcd leases, granted at
+// the same time after the request's send time: the holder's (TTL) and
+// the min hold's (MinHold, rounded up to whole seconds and raised to the
+// server's minimum as every TTL is), and its transaction puts the
+// min-hold key on the second. A key is taken while its holder key or its
+// min-hold key exists: the release by the grant's own owner deletes the
+// holder and leaves the min-hold key (a nested transaction compares its
+// token and owner), so the key stays taken, by that owner with that
+// token, until etcd expires the hold's lease, with no client alive; a
+// release after that frees the key at once; a forced release (another
+// owner's) deletes the min-hold key too. A holder that crashes keeps the
+// key until the later of its own etcd lease's end and the hold's. A hold
+// lasts at least MinHold by etcd's clock, and may last longer: whole
+// seconds, the server's minimum TTL (2 s by default), and etcd revokes an
+// expired lease up to about half a second late (its lessor looks for them
+// every 500 ms); never shorter. List and a refused acquire's HeldError
+// report such a key held by its owner until the later of the two ends;
+// renewals report at least the hold's end when this Backend made the
+// grant. Renewals keep the holder's etcd lease alive only: the hold's
+// runs out by itself. A holder whose own etcd lease ran out inside its
+// min hold (its guard ended at its local deadline first) is told its
+// lease expired on a later renewal (and its release returns that loss),
+// although the key stays taken until the hold ends: the safe side.
+// Waiters are woken by the holder key's deletion, and poll for the end of
+// a hold (they sleep at most its remaining time).
+//
 // # Renewal, and an etcd bug it does not rely on
 //
 // A renewal sends a keep-alive on the etcd lease that the holder key was
@@ -80,7 +113,10 @@
 // TryAcquire: 2 (lease grant, then the transaction); 3 when another
 // process changed the key since this Backend last saw it; a refused attempt
 // on a key this Backend saw held costs a read and the holder's
-// time-to-live, and no write. TryRenew: 2 (the keep-alive, then the
+// time-to-live, and no write. With a MinHold, TryAcquire sends its two
+// lease grants at the same time: 3 requests, still 2 round trips of
+// latency, and a refusal by a min hold asks for the hold's time-to-live
+// too. TryRenew: 2 (the keep-alive, then the
 // read-only check); 3 on a Backend that has not seen the holder's etcd
 // lease (it reads it first); a renewal with a longer TTL than the lease
 // was granted with grants a new etcd lease, moves the holder onto it in a
@@ -92,7 +128,8 @@
 // its parent leaves); longer TTLs get new etcd leases, moved in
 // transactions split the same way. Release: 1. List: 1, plus one
 // time-to-live per held key that this Backend did not grant or renew last
-// (for those it reports the Deadline it reported). Only grants, releases and lease grants are
+// (for those it reports the Deadline it reported), and one per min hold
+// it did not grant. Only grants, releases and lease grants are
 // raft writes; the renew check is a linearizable read and the keep-alive
 // is served by the leader alone.
 //

@@ -9,45 +9,18 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
-// op names a backend operation in errors, and says whether a failure after
-// the request was sent leaves its outcome unknown to the caller.
-type op string
+// etc names etcd's errors in the dialects' one vocabulary of outcomes
+// (operations, not sent, in flight).
+const etc = outcome.Dialect("sqllock/etcd")
 
-const (
-	opAcquire     op = "acquire"
-	opAcquireRead op = "acquire (read)"
-	opGrant       op = "lease grant"
-	opRenew       op = "renew"
-	opRelease     op = "release"
-	opList        op = "list"
-	opFence       op = "fenced transaction"
-)
-
-// indeterminate reports whether a failure in flight leaves the caller
-// unable to tell whether o took effect, in a way that matters: a grant, a
-// release or the caller's fenced writes may have been applied. A renew
-// keeps the token, so repeating it is safe and a failed renew is merely
-// unavailable; a lease grant alone changes no lock (an unused etcd lease
-// expires by itself); reads change nothing.
-func (o op) indeterminate() bool {
-	return o == opAcquire || o == opRelease || o == opFence
-}
-
-// read is the name of o's read-only part.
-func (o op) read() op {
-	if o == opAcquire {
-		return opAcquireRead
-	}
-	return o
-}
-
-// notSent wraps the error of a context that had ended before a request was
-// sent: the operation was not applied.
-func notSent(o op, key string, err error) error {
-	return fmt.Errorf("sqllock/etcd: %s %q: not sent: %w", o, key, err)
+// notSent is the error of an operation whose request was never sent
+// because the caller's context had ended: nothing was applied.
+func notSent(o outcome.Op, key string, err error) error {
+	return etc.NotSent(o, key, true, err)
 }
 
 // rejected are the etcd errors with which a server refuses a request
@@ -63,34 +36,23 @@ var rejected = []error{
 
 // translate turns an etcd client error into the sqllock error that
 // describes it, once, at the backend boundary, wrapping the original.
-func translate(ctx context.Context, o op, key string, err error) error {
-	prefix := fmt.Sprintf("sqllock/etcd: %s %q", o, key)
+func translate(ctx context.Context, o outcome.Op, key string, err error) error {
 	for _, r := range rejected {
 		if errors.Is(err, r) {
-			return fmt.Errorf("%s: %w: refused by etcd, not applied: %w", prefix, sqllock.ErrUnavailable, err)
+			return fmt.Errorf("%s: %w: refused by etcd, not applied: %w", etc.Prefix(o, key), sqllock.ErrUnavailable, err)
 		}
 	}
 	if notConnected(err) {
-		return fmt.Errorf("%s: %w: no connection to etcd, not sent: %w", prefix, sqllock.ErrUnavailable, err)
+		// No connection to any endpoint: nothing reached a server.
+		return etc.NotSent(o, key, false, err)
 	}
 	ctxEnded := ctx.Err() != nil
 	if !ctxEnded && !transient(err) {
 		// The server answered with a permanent error (permission denied,
 		// request too large, ...): nothing was applied.
-		return fmt.Errorf("%s: %w", prefix, err)
+		return fmt.Errorf("%s: %w", etc.Prefix(o, key), err)
 	}
-	switch {
-	case o.indeterminate() && ctxEnded:
-		return fmt.Errorf("%s: %w: the context ended while the request was in flight, and it may have been applied: %w",
-			prefix, sqllock.ErrIndeterminate, err)
-	case o.indeterminate():
-		return fmt.Errorf("%s: %w: %w: the request failed in flight, and it may have been applied: %w",
-			prefix, sqllock.ErrIndeterminate, sqllock.ErrUnavailable, err)
-	case ctxEnded:
-		return fmt.Errorf("%s: %w: the context ended while the request was in flight: %w", prefix, sqllock.ErrUnavailable, err)
-	default:
-		return fmt.Errorf("%s: %w: %w", prefix, sqllock.ErrUnavailable, err)
-	}
+	return etc.InFlight(o, key, ctxEnded, err)
 }
 
 // notConnected reports the client's own "not sent" errors: no connection

@@ -5,6 +5,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -32,11 +33,11 @@ func (b *Backend) Fenced(ctx context.Context, l sqllock.Lease, ops ...clientv3.O
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, notSent(opFence, l.Key, err)
+		return nil, notSent(outcome.Commit, l.Key, err)
 	}
 	resp, err := b.cli.Txn(ctx).If(b.holds(l)).Then(ops...).Else(b.readOps(l.Key)...).Commit()
 	if err != nil {
-		return nil, translate(ctx, opFence, l.Key, err)
+		return nil, translate(ctx, outcome.Commit, l.Key, err)
 	}
 	if !resp.Succeeded {
 		return nil, b.loss(l, resp.Responses)

@@ -42,17 +42,19 @@ func testCtx(t testing.TB) context.Context {
 	return ctx
 }
 
-// expire ends key's etcd lease now, as etcd's expiry would: the holder key
-// goes, the token record stays.
+// expire ends key's etcd leases now, as etcd's expiry would: the holder
+// key and the min-hold key go, the token record stays.
 func expire(t testing.TB, b *Backend, key string) {
 	t.Helper()
-	resp, err := b.cli.Get(testCtx(t), b.holderKey(key))
-	require.NoError(t, err)
-	if len(resp.Kvs) == 0 {
-		return
+	for _, k := range []string{b.holderKey(key), b.holdKey(key)} {
+		resp, err := b.cli.Get(testCtx(t), k)
+		require.NoError(t, err)
+		if len(resp.Kvs) == 0 {
+			continue
+		}
+		_, err = b.cli.Revoke(testCtx(t), clientv3.LeaseID(resp.Kvs[0].Lease))
+		require.NoError(t, err)
 	}
-	_, err = b.cli.Revoke(testCtx(t), clientv3.LeaseID(resp.Kvs[0].Lease))
-	require.NoError(t, err)
 }
 
 // setToken makes key exist, released, at token.
@@ -65,6 +67,7 @@ func setToken(t testing.TB, b *Backend, key string, token int64) {
 	_, err = b.cli.Txn(testCtx(t)).Then(
 		clientv3.OpPut(b.tokenKey(key), string(rec)),
 		clientv3.OpDelete(b.holderKey(key)),
+		clientv3.OpDelete(b.holdKey(key)),
 		clientv3.OpPut(b.releaseKey(key), string(rel)),
 	).Commit()
 	require.NoError(t, err)

@@ -108,5 +108,24 @@ func TestRoundTrips(t *testing.T) {
 		require.True(t, errors.As(err, &he), "%v", err)
 	})
 	require.Greater(t, he.Remaining, 8*time.Second, "the holder's remaining time from etcd's time-to-live")
+	// A min hold: a second lease grant, sent together with the first (one
+	// round trip of latency), then the transaction; the release that
+	// leaves the hold is one transaction; List knows the hold's end; a
+	// refusal costs what acquire_refused_first does.
+	hold := req("hold", "o4")
+	hold.MinHold = time.Hour
+	step("acquire_min_hold", 3, func() { l, err = b.TryAcquire(ctx, hold); require.NoError(t, err) })
+	step("release_in_min_hold", 1, func() { require.NoError(t, b.Release(ctx, l)) })
+	step("list_1_in_min_hold", 1, func() { _, err := b.List(ctx, "hold"); require.NoError(t, err) })
+	// The holder's etcd lease, released, is not kept as a spare of the
+	// min hold's TTL (its Deadline was the hold's end): an acquire of that
+	// TTL grants a lease of its own, with no keep-alive on a wrong spare.
+	long := req("long", "o4")
+	long.TTL = time.Hour
+	step("acquire_ttl_of_a_min_hold", 2, func() { _, err := b.TryAcquire(ctx, long); require.NoError(t, err) })
+	step("acquire_refused_in_min_hold", 3, func() {
+		_, err := b.TryAcquire(ctx, req("hold", "w"))
+		require.True(t, errors.As(err, &he), "%v", err)
+	})
 	t.Logf("etcd round trips: %s", strings.Join(figures, " "))
 }

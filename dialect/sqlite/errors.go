@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	msqlite "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -14,13 +13,7 @@ import (
 	"github.com/ashlock/ashlock/sqllock"
 )
 
-var (
-	errClosed = fmt.Errorf("sqllock/sqlite: backend closed: %w", sqllock.ErrClosed)
-
-	// errRetry asks retry to run an attempt again at once: the row moved
-	// between two statements of one operation.
-	errRetry = errors.New("sqllock/sqlite: row changed between statements")
-)
+var errClosed = fmt.Errorf("sqllock/sqlite: backend closed: %w", sqllock.ErrClosed)
 
 // ErrUnusable is matched (errors.Is) by errors about the database file
 // that waiting cannot heal: it is read-only, not a SQLite database, corrupt,
@@ -28,43 +21,6 @@ var (
 // [sqllock.ErrUnavailable], such an error is not retried: Acquire returns it
 // at once.
 var ErrUnusable = errors.New("sqllock/sqlite: database file unusable")
-
-// busyError is the error after the retry budget or the caller's context
-// ran out while the database stayed busy. It matches
-// [sqllock.ErrUnavailable] and, when the context ended, the context's error.
-type busyError struct {
-	attempts int
-	waited   time.Duration
-	last     error // the driver's last error
-	ctxErr   error
-}
-
-func (e *busyError) Error() string {
-	s := fmt.Sprintf("sqllock/sqlite: database busy: %d attempts in %v, not applied", e.attempts, e.waited.Round(time.Millisecond))
-	if e.ctxErr != nil {
-		s += " (" + e.ctxErr.Error() + ")"
-	}
-	return s + ": " + e.last.Error()
-}
-
-func (e *busyError) Is(target error) bool { return target == sqllock.ErrUnavailable }
-
-func (e *busyError) Unwrap() error { return e.ctxErr }
-
-// notSentError: the caller's context ended before a statement was sent
-// (before the call, or while it waited for the write slot or a
-// connection). Nothing was applied; it matches
-// [sqllock.ErrUnavailable] and the context's error, as a context that ends
-// while the database is busy does.
-type notSentError struct{ cause error }
-
-func (e *notSentError) Error() string {
-	return "sqllock/sqlite: not sent, not applied: " + e.cause.Error()
-}
-
-func (e *notSentError) Is(target error) bool { return target == sqllock.ErrUnavailable }
-
-func (e *notSentError) Unwrap() error { return e.cause }
 
 // sqlitecode reads codes through this method of *modernc.org/sqlite.Error.
 var _ interface{ Code() int } = (*msqlite.Error)(nil)

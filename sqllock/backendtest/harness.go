@@ -5,6 +5,7 @@ package backendtest
 
 import (
 	"testing"
+	"time"
 
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -31,4 +32,11 @@ type Harness struct {
 	// sqllock.ErrMinHoldUnsupported, leaving no trace) instead of the
 	// min-hold rules.
 	NoMinHold bool
+
+	// MinHoldRoundUp is how much longer than asked the backend may keep
+	// a short min hold (etcd: its leases' whole seconds and the server's
+	// minimum lease TTL); the rule that a release after the hold frees
+	// the key at once waits that much longer for the hold to pass. Zero
+	// for a backend that keeps a hold to the millisecond.
+	MinHoldRoundUp time.Duration
 }

@@ -85,6 +85,9 @@ func testMinHoldCrashKeepsLater(t *testing.T, h Harness) {
 		if err != nil || res[0].Err != nil {
 			t.Fatalf("TryRenewBatch: %v %v", err, res)
 		}
+		if d := res[0].Lease.Deadline; d.Before(l.BackendTime.Add(minHold)) {
+			t.Errorf("batch renewal deadline %v moved before grant %v + MinHold", d, l.BackendTime)
+		}
 		checkHeldUntil(t, b, l, "o1", "held after a batch renewal")
 	}
 }
@@ -95,8 +98,9 @@ func testMinHoldPassedReleasesAtOnce(t *testing.T, h Harness) {
 	const short = 30 * time.Millisecond
 	l := acquireMinHold(t, b, "k", "o1", short)
 	// The grant was applied before its reply: 3×short after the reply is
-	// past grant + short by the backend's clock too.
-	time.Sleep(3 * short)
+	// past grant + short by the backend's clock too (plus what the
+	// backend rounds a hold up by).
+	time.Sleep(3*short + h.MinHoldRoundUp)
 	release(t, b, l)
 	if i, _ := info(t, b, "k"); i.Held {
 		t.Errorf("List after a release past the min hold = %+v, want not held", i)

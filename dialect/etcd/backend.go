@@ -1,0 +1,403 @@
+package etcd
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ashlock/ashlock/internal/outcome"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// Backend is a [sqllock.Backend] and [sqllock.Watcher] on etcd. It is safe
+// for concurrent use. Create it with [New].
+type Backend struct {
+	cli    *clientv3.Client
+	prefix string
+	maxOps int // operations per transaction, at most
+
+	mu      sync.Mutex            // guards seen, spares, granted
+	seen    map[string]seenRecord // the last token record seen per key; a hint only
+	spares  map[int64][]spare     // keyless etcd leases for reuse, by granted TTL (seconds)
+	granted map[int64]int64       // requested TTL → the TTL etcd granted for it (seconds)
+	watch   watches
+	ka      keepAlives
+}
+
+var (
+	_ sqllock.Backend = (*Backend)(nil)
+	_ sqllock.Watcher = (*Backend)(nil)
+)
+
+// New returns a Backend that keeps its keys under opts.Prefix in the etcd
+// cluster that cli talks to. It never closes cli. It does no I/O.
+func New(cli *clientv3.Client, opts Options) (*Backend, error) {
+	if cli == nil {
+		return nil, errors.New("sqllock/etcd: nil client")
+	}
+	prefix := cmp.Or(opts.Prefix, DefaultPrefix)
+	if len(prefix) > 256 || !utf8.ValidString(prefix) || strings.IndexByte(prefix, 0) >= 0 {
+		return nil, fmt.Errorf("sqllock/etcd: invalid prefix %q: want valid UTF-8 without NUL, at most 256 bytes", prefix)
+	}
+	if opts.MaxTxnOps != 0 && opts.MaxTxnOps < minTxnOps {
+		return nil, fmt.Errorf("sqllock/etcd: invalid MaxTxnOps %d: want 0 (the default, %d) or at least %d", opts.MaxTxnOps, DefaultMaxTxnOps, minTxnOps)
+	}
+	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
+		spares: make(map[int64][]spare), granted: make(map[int64]int64)}
+	b.watch.b = b
+	b.ka.cli = cli
+	return b, nil
+}
+
+// Prefix returns the etcd key prefix the backend uses.
+func (b *Backend) Prefix() string { return b.prefix }
+
+// maxAttempts bounds a grant's transactions when the token record keeps
+// changing under it (grants and releases by others between two attempts).
+const maxAttempts = 8
+
+// TryAcquire implements [sqllock.Backend]. A grant costs a lease grant and
+// one transaction (see the package doc for the other cases).
+func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sqllock.Lease{}, notSent(outcome.Acquire, req.Key, err)
+	}
+	seen := b.recall(req.Key)
+	if seen.held {
+		// A waiter polls a key it saw held: read first, so that a refused
+		// attempt writes nothing (no lease grant, no transaction).
+		s, err := b.read(ctx, outcome.Acquire, req.Key)
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		if s.taken() && !(s.held() && s.rec.Owner == req.Owner) {
+			return sqllock.Lease{}, b.refusal(ctx, req.Key, s)
+		}
+		seen = s.seen()
+	}
+	sent := time.Now()
+	grant, hold, err := b.grantLeases(ctx, req, sent)
+	if err != nil {
+		return sqllock.Lease{}, err
+	}
+	lease := sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: sent, Deadline: sent.Add(time.Duration(max(grant.ttl, hold.ttl)) * time.Second)}
+	for range maxAttempts {
+		if seen.token == math.MaxInt64 {
+			b.putSpare(hold)
+			return b.exhausted(ctx, lease, grant)
+		}
+		token := seen.token + 1
+		rec, err := json.Marshal(tokenRecord{Token: token, Owner: req.Owner, Value: req.Value})
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		if err := ctx.Err(); err != nil {
+			return sqllock.Lease{}, notSent(outcome.Acquire, req.Key, err)
+		}
+		puts := []clientv3.Op{
+			clientv3.OpPut(b.tokenKey(req.Key), string(rec)),
+			clientv3.OpPut(b.holderKey(req.Key), tokenString(token), clientv3.WithLease(grant.id)),
+		}
+		var until time.Time
+		if hold.id != 0 {
+			puts = append(puts, clientv3.OpPut(b.holdKey(req.Key), holdValue(token, req.Owner), clientv3.WithLease(hold.id)))
+			until = sent.Add(time.Duration(hold.ttl) * time.Second)
+		}
+		resp, err := b.cli.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(b.holderKey(req.Key)), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(b.holdKey(req.Key)), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(b.tokenKey(req.Key)), "=", seen.rev),
+		).Then(puts...).Else(b.stateOps(req.Key)...).Commit()
+		if err != nil {
+			// Neither etcd lease is kept as a spare: a key may be on it.
+			return sqllock.Lease{}, translate(ctx, outcome.Acquire, req.Key, err)
+		}
+		if resp.Succeeded {
+			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token, lease: grant.id,
+				deadline: sent.Add(time.Duration(grant.ttl) * time.Second), holdLease: hold.id, holdUntil: until})
+			lease.Token, lease.Value = token, cloneValue(req.Value)
+			return lease, nil
+		}
+		s, err := parseState(req.Key, resp.Responses)
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		b.remember(req.Key, s.seen())
+		if s.taken() {
+			b.putSpare(hold) // a repeat keeps its first grant's hold
+			if s.held() && s.rec.Owner == req.Owner {
+				lease.Deadline = sent.Add(time.Duration(grant.ttl) * time.Second)
+				return b.regrant(ctx, lease, s, grant)
+			}
+			b.putSpare(grant)
+			return sqllock.Lease{}, b.refusal(ctx, req.Key, s)
+		}
+		// Free, but the token record changed since this Backend saw it:
+		// try again on the record just read.
+		seen = s.seen()
+	}
+	b.putSpare(grant)
+	b.putSpare(hold)
+	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the key changed under %d attempts in a row", req.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+// TryRenew implements [sqllock.Backend]: a keep-alive restarts the TTL of
+// the etcd lease that the holder key was last seen on, and then a
+// linearizable read-only transaction checks that the holder key still
+// carries l's token on that etcd lease; only both together are a renewal,
+// dated from the keep-alive's send time. The check comes after the
+// keep-alive, not before, because some etcd servers answer a keep-alive
+// racing the revocation of an expired lease with a positive TTL after the
+// lease's keys were deleted (etcd-io/etcd#20547; see the package doc): a
+// check before it would not see the key go. When this Backend has not
+// seen the holder's etcd lease (l was granted elsewhere), a read finds it
+// first. A TTL longer than the etcd lease was granted with gets a new etcd
+// lease instead, moved under the holder in a transaction that compares the
+// token and the old etcd lease.
+func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := sqllock.ValidateTTL(ttl); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sqllock.Lease{}, notSent(outcome.Renew, l.Key, err)
+	}
+	want := ttlSeconds(ttl)
+	id := b.leaseHint(l)
+	for range maxAttempts {
+		if id == 0 {
+			// Which etcd lease the holder is on: this read is not the
+			// check, which follows the keep-alive.
+			s, err := b.read(ctx, outcome.Renew, l.Key)
+			if err != nil {
+				return sqllock.Lease{}, err
+			}
+			if lost := s.sqllock().Loss(l); lost != nil {
+				return sqllock.Lease{}, lost
+			}
+			id = clientv3.LeaseID(s.holder.Lease)
+		}
+		sent := time.Now()
+		granted, err := b.ka.once(ctx, id)
+		alive := err == nil
+		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return sqllock.Lease{}, translate(ctx, outcome.Renew, l.Key, err)
+		}
+		if alive && granted < want {
+			return b.renewLonger(ctx, l, id, want)
+		}
+		s, ok, err := b.check(ctx, l, id)
+		if err != nil {
+			return sqllock.Lease{}, err
+		}
+		switch {
+		case ok && alive:
+			l.BackendTime, l.Deadline = sent, sent.Add(time.Duration(granted)*time.Second)
+			b.rememberLease(l.Key, l.Token, id, l.Deadline)
+			return b.withHold(l), nil
+		case ok:
+			// etcd no longer knows the lease, and its keys go with it.
+			return sqllock.Lease{}, &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
+		}
+		if lost := s.sqllock().Loss(l); lost != nil {
+			return sqllock.Lease{}, lost
+		}
+		// l holds its key, on another etcd lease than the one kept alive
+		// (moved there by a repeated acquire or a longer renewal): keep
+		// that one alive, and check again.
+		id = clientv3.LeaseID(s.holder.Lease)
+		b.rememberLease(l.Key, l.Token, id, time.Time{})
+	}
+	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: the holder moved between etcd leases under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+// Release implements [sqllock.Backend]: one transaction that deletes the
+// holder and records who released, iff l's token holds the key. The
+// min-hold key of l's grant stays when its owner releases (the key stays
+// taken until etcd expires the hold's lease), and goes when another owner
+// does (a forced release ends the hold at once).
+func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return notSent(outcome.Release, l.Key, err)
+	}
+	rel, err := json.Marshal(releaseRecord{Token: l.Token, By: l.Owner})
+	if err != nil {
+		return err
+	}
+	resp, err := b.cli.Txn(ctx).If(
+		b.holds(l),
+	).Then(
+		clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
+		clientv3.OpPut(b.releaseKey(l.Key), string(rel)),
+		b.endHold(l),
+	).Else(b.stateOps(l.Key)...).Commit()
+	if err != nil {
+		return translate(ctx, outcome.Release, l.Key, err)
+	}
+	if resp.Succeeded {
+		seen := b.recall(l.Key)
+		b.rememberLease(l.Key, l.Token, 0, time.Time{})
+		// The etcd lease is left without a key: kept for reuse (its TTL
+		// period began no earlier than l's BackendTime), else it expires
+		// by itself; a revoke would cost a raft write for nothing. Not
+		// when l's Deadline may be its min hold's end rather than its
+		// etcd lease's: the TTL would be wrong.
+		leaseEnd := l.Deadline
+		if seen.token == l.Token && !seen.holdUntil.IsZero() && !l.Deadline.After(seen.holdUntil) {
+			leaseEnd = time.Time{}
+		}
+		if prev := resp.Responses[0].GetResponseDeleteRange().GetPrevKvs(); len(prev) == 1 && prev[0].Lease != 0 {
+			if ttl := leaseEnd.Sub(l.BackendTime); ttl > 0 && ttl%time.Second == 0 && !l.BackendTime.IsZero() {
+				b.putSpare(spare{id: clientv3.LeaseID(prev[0].Lease), ttl: int64(ttl / time.Second), at: l.BackendTime})
+			}
+		}
+		return nil
+	}
+	for range maxAttempts {
+		s, err := parseState(l.Key, resp.Responses)
+		if err != nil {
+			return err
+		}
+		ks := s.sqllock()
+		if ks.ReleasedByOwner(l) {
+			return nil // a repeat by the owner that released
+		}
+		lost := ks.Loss(l)
+		// A forced release of a grant in its min hold, held or released
+		// by its owner already: the hold ends now.
+		forced := s.hold != nil && s.rec.Token == l.Token && string(s.hold.Value) != holdValue(l.Token, l.Owner)
+		if lost == nil || (lost.Reason != sqllock.LostExpired && !forced) {
+			return lostOrNil(lost)
+		}
+		// Expired (or in a min hold), token current: record the release
+		// all the same (as every backend clears the row), so that a
+		// repeat is nil.
+		var holdRev int64
+		if s.hold != nil {
+			holdRev = s.hold.ModRevision
+		}
+		resp, err = b.cli.Txn(ctx).If(
+			clientv3.Compare(clientv3.ModRevision(b.tokenKey(l.Key)), "=", s.recRev),
+			clientv3.Compare(clientv3.CreateRevision(b.holderKey(l.Key)), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(b.releaseKey(l.Key)), "=", s.relRev),
+			clientv3.Compare(clientv3.ModRevision(b.holdKey(l.Key)), "=", holdRev),
+		).Then(
+			clientv3.OpPut(b.releaseKey(l.Key), string(rel)),
+			b.endHold(l),
+		).Else(b.stateOps(l.Key)...).Commit()
+		if err != nil {
+			return translate(ctx, outcome.Release, l.Key, err)
+		}
+		if resp.Succeeded {
+			return lost
+		}
+	}
+	return fmt.Errorf("sqllock/etcd: release %q: %w: the key changed under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+func lostOrNil(lost *sqllock.LostError) error {
+	if lost == nil {
+		return nil
+	}
+	return lost
+}
+
+// List implements [sqllock.Backend]: one read-only transaction reads the
+// four key ranges at one revision. A held key whose lease this Backend
+// granted or renewed last reports the Deadline it reported then; any other
+// held key's remaining time is one more round trip (etcd's lease
+// time-to-live, in whole seconds). A key in its min hold is held, by the
+// grant's owner, until the later of the holder's end and the hold's (the
+// hold's end: the one this Backend reported at the grant, else one more
+// time-to-live).
+func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
+	if err := sqllock.ValidatePrefix(prefix); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, notSent(outcome.List, prefix, err)
+	}
+	resp, err := b.cli.Txn(ctx).Then(
+		clientv3.OpGet(b.tokenKey(prefix), clientv3.WithPrefix()),
+		clientv3.OpGet(b.holderKey(prefix), clientv3.WithPrefix()),
+		clientv3.OpGet(b.releaseKey(prefix), clientv3.WithPrefix()),
+		clientv3.OpGet(b.holdKey(prefix), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, translate(ctx, outcome.List, prefix, err)
+	}
+	holders := make(map[string]*mvccpb.KeyValue)
+	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
+		holders[strings.TrimPrefix(string(kv.Key), b.holderKey(""))] = kv
+	}
+	releases := make(map[string]releaseRecord)
+	for _, kv := range resp.Responses[2].GetResponseRange().GetKvs() {
+		var r releaseRecord
+		if err := json.Unmarshal(kv.Value, &r); err != nil {
+			return nil, fmt.Errorf("sqllock/etcd: corrupt release record %q: %w", kv.Key, err)
+		}
+		releases[strings.TrimPrefix(string(kv.Key), b.releaseKey(""))] = r
+	}
+	holds := make(map[string]*mvccpb.KeyValue)
+	for _, kv := range resp.Responses[3].GetResponseRange().GetKvs() {
+		holds[strings.TrimPrefix(string(kv.Key), b.holdKey(""))] = kv
+	}
+	var out []sqllock.LockInfo
+	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
+		key := strings.TrimPrefix(string(kv.Key), b.tokenKey(""))
+		var s keyState
+		if err := json.Unmarshal(kv.Value, &s.rec); err != nil {
+			return nil, fmt.Errorf("sqllock/etcd: corrupt token record %q: %w", kv.Key, err)
+		}
+		s.recRev = kv.ModRevision
+		s.holder, s.hold = holders[key], holds[key]
+		if r, ok := releases[key]; ok {
+			s.rel, s.relRev = r, 1
+		}
+		ks := s.sqllock()
+		info := sqllock.LockInfo{Key: key, Token: ks.Token, Owner: ks.Owner, Value: cloneValue(s.rec.Value)}
+		if s.taken() {
+			// Held, or in its min hold: by the grant's owner, until the
+			// later of the two etcd leases' ends.
+			info.Held, info.Owner = true, s.rec.Owner
+			r := b.recall(key)
+			if r.token != s.rec.Token {
+				r = seenRecord{}
+			}
+			var until time.Time
+			if s.held() {
+				until = b.leaseEnd(ctx, s.holder, r.lease, r.deadline)
+			}
+			if s.hold != nil {
+				until = later(until, b.leaseEnd(ctx, s.hold, r.holdLease, r.holdUntil))
+			}
+			info.Deadline = until
+			info.Remaining = max(time.Until(until), time.Millisecond)
+		}
+		out = append(out, info)
+	}
+	// etcd returns keys in byte order, which is the order of the suffixes
+	// too; sort all the same, as the contract says key order.
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
