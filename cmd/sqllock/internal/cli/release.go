@@ -40,13 +40,10 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	fs := e.flagSet("release", releaseUsage)
 	fs.StringVar(&key, "key", "", "the lock's `key` (required)")
 	fs.BoolVar(&force, "force", false, "really end the lease, whoever holds it")
-	db.register(fs)
-	if err := e.parse(fs, args); err != nil {
+	if err := e.parseFlags(fs, &db, args); err != nil {
 		return err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return fail(ExitUsage, "unexpected argument %q (see sqllock release --help)", fs.Arg(0))
 	case key == "":
 		return fail(ExitUsage, "missing --key (see sqllock release --help)")
 	case !force:
@@ -55,21 +52,14 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	if err := sqllock.ValidateKey(key); err != nil {
 		return fail(ExitUsage, "--key: %v", err)
 	}
-	d, err := e.database(db)
+	s, err := e.open(ctx, db, openOptions{maxConns: 2})
 	if err != nil {
 		return err
 	}
-	b, err := e.openBackend(ctx, d, db, 2)
+	defer s.close()
+	infos, err := s.list(ctx, key, db)
 	if err != nil {
 		return err
-	}
-	defer b.close()
-
-	lctx, cancel := d.opContext(ctx)
-	infos, err := b.List(lctx, key)
-	cancel()
-	if err != nil {
-		return d.opError(err, db)
 	}
 	var info *sqllock.LockInfo
 	for i := range infos {
@@ -79,7 +69,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	}
 	switch {
 	case info == nil:
-		return fail(ExitFailure, "no lock %q in %s (see sqllock list)", key, d.display)
+		return fail(ExitFailure, "no lock %q in %s (see sqllock list)", key, s.db.display)
 	case !info.Held:
 		fmt.Fprintf(e.stdout, "%q is not held (token %d, released or expired); nothing to release\n", key, info.Token)
 		return nil
@@ -87,8 +77,8 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	// Token-scoped: this never ends a newer lease granted since the List.
 	// Under its own owner, so the holder's later Release reports the loss
 	// (and who released) instead of taking it for its own repeat.
-	rctx, cancel := d.opContext(ctx)
-	err = b.Release(rctx, sqllock.Lease{Key: key, Token: info.Token, Owner: forcedOwner()})
+	rctx, cancel := s.db.opContext(ctx)
+	err = s.backend.Release(rctx, sqllock.Lease{Key: key, Token: info.Token, Owner: forcedOwner()})
 	cancel()
 	var lost *sqllock.LostError
 	switch {
@@ -100,7 +90,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "%q (token %d) was already %s; it is free\n", key, info.Token, lost.Reason)
 		return nil
 	default:
-		return d.opError(fmt.Errorf("release %q: %w", key, err), db)
+		return s.db.opError(fmt.Errorf("release %q: %w", key, err), db)
 	}
 	fmt.Fprintf(e.stdout, "released %q (token %d, held by %s); the next holder gets a larger token\n", key, info.Token, info.Owner)
 	return nil
