@@ -321,4 +321,3 @@ func (e *env) openError(d *database, err error) error {
 	}
 	return fail(code, "cannot open %s: %v", d.display, err)
 }
-
