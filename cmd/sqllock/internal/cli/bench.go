@@ -140,7 +140,7 @@ func (e *env) parseBench(db *dbFlags, cfg *benchConfig, args []string) error {
 	durationVar(fs, &cfg.ttl, "ttl", sqllock.DefaultTTL, "lease duration of every acquire")
 	fs.StringVar(&workload, "workload", "all", "uncontended, hot, handoff or all")
 	fs.BoolVar(&cfg.asJSON, "json", false, "print a JSON array instead of a table")
-	if err := e.parseFlags(fs, db, args); err != nil {
+	if err := e.parseFlags(fs, db, noFlags{}, args); err != nil {
 		return err
 	}
 	db.table = cmp.Or(db.table, benchTable)

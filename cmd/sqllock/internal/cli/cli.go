@@ -515,9 +515,14 @@ func (f *dbFlags) register(fs *flag.FlagSet) {
 	durationVar(fs, &f.connectTimeout, "connect-timeout", 0, "PostgreSQL: how long connecting may take"+bounds+" (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 5s)")
 }
 
-// parseFlags registers the database flags on fs and parses args, which
-// hold flags only: the commands that take no arguments.
-func (e *env) parseFlags(fs *flag.FlagSet, db *dbFlags, args []string) error {
+// flagger is a command's own flags.
+type flagger interface{ register(fs *flag.FlagSet) }
+
+// parseFlags registers a command's own flags and the database's on fs and
+// parses args, which hold flags only: the commands that take no
+// arguments.
+func (e *env) parseFlags(fs *flag.FlagSet, db *dbFlags, own flagger, args []string) error {
+	own.register(fs)
 	db.register(fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
@@ -554,3 +559,9 @@ func nonNegative(name string, d time.Duration) error {
 	}
 	return nil
 }
+
+// noFlags is a command without flags of its own besides those it
+// registers itself.
+type noFlags struct{}
+
+func (noFlags) register(*flag.FlagSet) {}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -90,7 +91,7 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 	var f electFlags
 	f.conflictCode = ExitTempFail // a term lost before COMMAND started: campaign again
 	fs := e.flagSet("elect", electUsage)
-	fs.StringVar(&f.name, "name", "", "the election's `name` (required)")
+	electionNameVar(fs, &f.name)
 	fs.StringVar(&f.value, "value", "", "a `value` published with each term (at most 4096 bytes)")
 	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "term lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
 	durationVar(fs, &f.grace, "grace", defaultGrace, "after a lost term, time between SIGTERM and SIGKILL")
@@ -259,30 +260,41 @@ type leaderJSON struct {
 	ValueBase64 []byte     `json:"value_base64,omitempty"`
 }
 
+// electionNameVar defines --name, the election's name, of elect and
+// leader.
+func electionNameVar(fs *flag.FlagSet, p *string) {
+	fs.StringVar(p, "name", "", "the election's `name` (required)")
+}
+
+// leaderFlags are leader's flags.
+type leaderFlags struct {
+	db     dbFlags
+	name   string
+	asJSON bool
+}
+
+func (f *leaderFlags) register(fs *flag.FlagSet) {
+	electionNameVar(fs, &f.name)
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+}
+
 func cmdLeader(ctx context.Context, e *env, args []string) error {
-	var (
-		db     dbFlags
-		name   string
-		asJSON bool
-	)
-	fs := e.flagSet("leader", leaderUsage)
-	fs.StringVar(&name, "name", "", "the election's `name` (required)")
-	fs.BoolVar(&asJSON, "json", false, "print JSON")
-	if err := e.parseFlags(fs, &db, args); err != nil {
+	var f leaderFlags
+	if err := e.parseFlags(e.flagSet("leader", leaderUsage), &f.db, &f, args); err != nil {
 		return err
 	}
-	if name == "" {
+	if f.name == "" {
 		return fail(ExitUsage, "missing --name (see sqllock leader --help)")
 	}
-	if err := sqllock.ValidateKey(election.KeyPrefix + name); err != nil {
+	if err := sqllock.ValidateKey(election.KeyPrefix + f.name); err != nil {
 		return fail(ExitUsage, "--name: %v", err)
 	}
-	s, err := e.open(ctx, db, openOptions{maxConns: 2, readOnly: true, client: func(*database) sqllock.Options { return sqllock.Options{} }})
+	s, err := e.open(ctx, f.db, openOptions{maxConns: 2, readOnly: true, client: func(*database) sqllock.Options { return sqllock.Options{} }})
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	el, err := election.New(s.client, election.Config{Name: name})
+	el, err := election.New(s.client, election.Config{Name: f.name})
 	if err != nil {
 		return fail(ExitUsage, "%v", err)
 	}
@@ -290,9 +302,9 @@ func cmdLeader(ctx context.Context, e *env, args []string) error {
 	term, err := el.Leader(lctx)
 	cancel()
 	if err != nil && !errors.Is(err, election.ErrNoLeader) {
-		return s.db.opError(err, db)
+		return s.db.opError(err, f.db)
 	}
-	if err := e.printLeader(name, term, err, asJSON); err != nil {
+	if err := e.printLeader(f.name, term, err, f.asJSON); err != nil {
 		return err
 	}
 	if err != nil {

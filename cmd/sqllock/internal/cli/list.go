@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -95,20 +96,25 @@ func (s *session) list(ctx context.Context, prefix string, db dbFlags) ([]sqlloc
 	return infos, nil
 }
 
+// listFlags are list's flags.
+type listFlags struct {
+	db            dbFlags
+	prefix        string
+	asJSON, watch bool
+}
+
+func (f *listFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.prefix, "prefix", "", "list only keys starting with `prefix`")
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON instead of a table")
+	fs.BoolVar(&f.watch, "watch", false, "list again every second until interrupted (Ctrl-C); with --json, one array per line")
+}
+
 func cmdList(ctx context.Context, e *env, args []string) error {
-	var (
-		db     dbFlags
-		prefix string
-		asJSON bool
-		watch  bool
-	)
-	fs := e.flagSet("list", listUsage)
-	fs.StringVar(&prefix, "prefix", "", "list only keys starting with `prefix`")
-	fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	fs.BoolVar(&watch, "watch", false, "list again every second until interrupted (Ctrl-C); with --json, one array per line")
-	if err := e.parseFlags(fs, &db, args); err != nil {
+	var f listFlags
+	if err := e.parseFlags(e.flagSet("list", listUsage), &f.db, &f, args); err != nil {
 		return err
 	}
+	db, prefix, asJSON := f.db, f.prefix, f.asJSON
 	if err := sqllock.ValidatePrefix(prefix); err != nil {
 		return fail(ExitUsage, "--prefix: %v", err)
 	}
@@ -117,7 +123,7 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer s.close()
-	if !watch {
+	if !f.watch {
 		return e.listOnce(ctx, s, db, prefix, asJSON, false)
 	}
 	// --watch: again every second until interrupted. A terminal is

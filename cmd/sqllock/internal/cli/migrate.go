@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -39,16 +40,23 @@ Examples:
   sqllock migrate sql --dialect postgres --schema locks > locks.sql
 `
 
+// migrateFlags are migrate's flags.
+type migrateFlags struct {
+	db      dbFlags
+	force   bool
+	dialect string
+}
+
+func (f *migrateFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&f.force, "force", false, "allow down, which drops the token history")
+	fs.StringVar(&f.dialect, "dialect", "", "for sql: postgres or sqlite (default: from the database URL)")
+	f.db.register(fs)
+}
+
 func cmdMigrate(ctx context.Context, e *env, args []string) error {
-	var (
-		db      dbFlags
-		force   bool
-		dialect string
-	)
+	var f migrateFlags
 	fs := e.flagSet("migrate", migrateUsage)
-	fs.BoolVar(&force, "force", false, "allow down, which drops the token history")
-	fs.StringVar(&dialect, "dialect", "", "for sql: postgres or sqlite (default: from the database URL)")
-	db.register(fs)
+	f.register(fs)
 	// Accept flags before, between and after the words: migrate up
 	// --table x, migrate sql down --dialect postgres.
 	var words []string
@@ -65,10 +73,10 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 	if len(words) == 0 {
 		return fail(ExitUsage, "missing action: up, down, status or sql (see sqllock migrate --help)")
 	}
-	action, rest := words[0], words[1:]
+	action, rest, db := words[0], words[1:], f.db
 	opts := migrations.Options{Schema: db.schema, Table: db.table}
 	if action == "sql" {
-		return e.migrateSQL(db, dialect, opts, rest)
+		return e.migrateSQL(db, f.dialect, opts, rest)
 	}
 	if len(rest) > 0 {
 		return fail(ExitUsage, "unexpected argument %q (see sqllock migrate --help)", rest[0])
@@ -76,7 +84,7 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 	switch action {
 	case "up", "status":
 	case "down":
-		if !force {
+		if !f.force {
 			return fail(ExitUsage, "refusing to migrate down without --force: rolling back the first migration drops the lock table and discards the token history (fencing tokens restart at 1); add --force to uninstall")
 		}
 	default:

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -31,33 +32,39 @@ Example:
   sqllock release --key nightly-report --force
 `
 
+// releaseFlags are release's flags.
+type releaseFlags struct {
+	db    dbFlags
+	key   string
+	force bool
+}
+
+func (f *releaseFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.key, "key", "", "the lock's `key` (required)")
+	fs.BoolVar(&f.force, "force", false, "really end the lease, whoever holds it")
+}
+
 func cmdRelease(ctx context.Context, e *env, args []string) error {
-	var (
-		db    dbFlags
-		key   string
-		force bool
-	)
-	fs := e.flagSet("release", releaseUsage)
-	fs.StringVar(&key, "key", "", "the lock's `key` (required)")
-	fs.BoolVar(&force, "force", false, "really end the lease, whoever holds it")
-	if err := e.parseFlags(fs, &db, args); err != nil {
+	var f releaseFlags
+	if err := e.parseFlags(e.flagSet("release", releaseUsage), &f.db, &f, args); err != nil {
 		return err
 	}
+	key := f.key
 	switch {
 	case key == "":
 		return fail(ExitUsage, "missing --key (see sqllock release --help)")
-	case !force:
+	case !f.force:
 		return fail(ExitUsage, "refusing to release %q without --force: it ends another process's lease, which learns of it only at its next renewal (its fencing token becomes stale); add --force if that is what you want", key)
 	}
 	if err := sqllock.ValidateKey(key); err != nil {
 		return fail(ExitUsage, "--key: %v", err)
 	}
-	s, err := e.open(ctx, db, openOptions{maxConns: 2})
+	s, err := e.open(ctx, f.db, openOptions{maxConns: 2})
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	infos, err := s.list(ctx, key, db)
+	infos, err := s.list(ctx, key, f.db)
 	if err != nil {
 		return err
 	}
@@ -90,7 +97,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "%q (token %d) was already %s; it is free\n", key, info.Token, lost.Reason)
 		return nil
 	default:
-		return s.db.opError(fmt.Errorf("release %q: %w", key, err), db)
+		return s.db.opError(fmt.Errorf("release %q: %w", key, err), f.db)
 	}
 	fmt.Fprintf(e.stdout, "released %q (token %d, held by %s); the next holder gets a larger token\n", key, info.Token, info.Owner)
 	return nil
