@@ -152,3 +152,51 @@ func TestRun(t *testing.T) {
 		require.True(t, errors.Is(ctx.Err(), context.Canceled))
 	})
 }
+
+func TestHandoff(t *testing.T) {
+	t.Parallel()
+	type testBundle struct {
+		b      *memory.Backend
+		client *sqllock.Client
+		ctx    context.Context
+	}
+	setup := func(t *testing.T) *testBundle {
+		t.Helper()
+		b := memory.New()
+		c, err := sqllock.New(b, sqllock.Options{Owner: "handoff"})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		t.Cleanup(cancel)
+		return &testBundle{b: b, client: c, ctx: ctx}
+	}
+
+	t.Run("TakeoversAreCountedAndTimed", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		h := NewHandoff(bundle.client, []string{"h/0", "h/1"}, 4)
+		r := Run(bundle.ctx, h.Ops(), 100*time.Millisecond, RunOptions{Over: h.Over})
+		require.Zero(t, r.Errors, "%v", r.FirstError)
+		require.Positive(t, r.Ops)
+		require.Equal(t, r.Ops, h.Latency().N(), "one latency per handoff")
+		infos, err := bundle.b.List(bundle.ctx, "h/")
+		require.NoError(t, err)
+		require.Len(t, infos, 2)
+		for _, in := range infos {
+			require.False(t, in.Held, "every holder released: %+v", in)
+		}
+	})
+
+	t.Run("ALoneHolderStopsAtTheEnd", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// One worker per key: no one takes the key from it, so no handoff,
+		// and its wait for the next holder ends with the run.
+		h := NewHandoff(bundle.client, []string{"a", "b"}, 2)
+		r := Run(bundle.ctx, h.Ops(), 50*time.Millisecond, RunOptions{Over: h.Over})
+		require.Zero(t, r.Ops)
+		require.Equal(t, uint64(2), r.Busy)
+		require.Less(t, r.Elapsed, 2*time.Second, "the holders stopped waiting at the end of the run")
+		require.NoError(t, bundle.ctx.Err())
+	})
+}

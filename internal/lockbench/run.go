@@ -2,7 +2,9 @@
 // make: `sqllock bench`, which an operator runs against their own
 // database, and the bench module, which runs the same workloads beside
 // other locks and raw statements. It holds the operations they repeat on
-// ashlock (Pair, ClientPair, Attempt), the loop that runs operations on
+// ashlock (Pair, ClientPair, Attempt, and the queue of waiters of
+// Handoff, which only the CLI runs: bench's handoff section times single
+// wake-ups against other locks), the loop that runs operations on
 // concurrent workers for a duration (Run), and the latency histogram
 // (Hist), so that a figure of one means what the same figure of the other
 // means.

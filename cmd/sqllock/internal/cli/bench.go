@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -274,81 +273,25 @@ func benchHot(ctx context.Context, b sqllock.Backend, cfg benchConfig) (benchRes
 	return benchFigures("hot", "attempts", cfg, 1, r), nil
 }
 
-// handoffKey is the shared state of one key of the handoff workload.
-type handoffKey struct {
-	mu         sync.Mutex
-	releasedAt time.Time     // when the last holder started its release
-	releaser   int           // which client that was
-	acquired   chan struct{} // closed at the next acquisition
-}
-
-// benchHandoff: clients wait in Acquire; each holder releases at once and
-// then waits for another client to take the key before it queues again.
-// An operation is a handoff: its latency is from the start of the
-// previous holder's release to the moment this client holds the key.
+// benchHandoff: clients wait in Acquire on shared keys (two or more
+// clients per key); each holder releases at once.
 func benchHandoff(ctx context.Context, b sqllock.Backend, cfg benchConfig) (benchResult, error) {
 	if cfg.clients < 2 {
 		return benchResult{}, fail(ExitUsage, "the handoff workload needs --clients 2 or more")
 	}
-	nkeys := max(1, min(cfg.keys, cfg.clients/2))
-	states := make([]*handoffKey, nkeys)
-	for i := range states {
-		states[i] = &handoffKey{releaser: -1, acquired: make(chan struct{})}
+	keys := make([]string, max(1, min(cfg.keys, cfg.clients/2)))
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%shandoff/%d", benchPrefix, i)
 	}
 	client, err := sqllock.New(b, sqllock.Options{Owner: cfg.owner, TTL: cfg.ttl, ReleaseTimeout: releaseTimeout})
 	if err != nil {
 		return benchResult{}, err
 	}
 	defer func() { _ = client.Close(context.Background()) }()
-	over := make(chan struct{})
-	ops := make([]lockbench.Op, cfg.clients)
-	hists := make([]*lockbench.Hist, cfg.clients)
-	for c := range ops {
-		hists[c] = new(lockbench.Hist)
-		k := c % nkeys
-		ops[c] = handoffOp(client, fmt.Sprintf("%shandoff/%d", benchPrefix, k), states[k], c, hists[c], over)
-	}
-	r := lockbench.Run(ctx, ops, cfg.duration, lockbench.RunOptions{Over: over})
-	r.Latency = new(lockbench.Hist)
-	for _, h := range hists {
-		r.Latency.Merge(h)
-	}
-	return benchFigures("handoff", "handoffs", cfg, nkeys, r), nil
-}
-
-// handoffOp is client c's operation of the handoff workload on key, whose
-// state st it shares with the other clients of key: it is held (counted)
-// when it took the key from another client, and records that handoff's
-// latency in h.
-func handoffOp(client *sqllock.Client, key string, st *handoffKey, c int, h *lockbench.Hist, over <-chan struct{}) lockbench.Op {
-	return func(ctx context.Context) (bool, error) {
-		// Not cancelled at the end of the run: every waiter gets the key
-		// in turn, as each holder releases it, and then stops.
-		g, err := client.Acquire(ctx, key, &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
-		if err != nil {
-			return false, err
-		}
-		now := time.Now()
-		st.mu.Lock()
-		handoff := st.releaser >= 0 && st.releaser != c
-		if handoff {
-			h.Add(now.Sub(st.releasedAt))
-		}
-		close(st.acquired)
-		st.acquired = make(chan struct{})
-		next := st.acquired
-		st.releasedAt, st.releaser = time.Now(), c
-		st.mu.Unlock()
-		if err := g.Release(context.WithoutCancel(ctx)); err != nil {
-			return handoff, err
-		}
-		select { // let a waiter have it before queueing again
-		case <-next:
-		case <-over:
-		case <-ctx.Done():
-		}
-		return handoff, nil
-	}
+	h := lockbench.NewHandoff(client, keys, cfg.clients)
+	r := lockbench.Run(ctx, h.Ops(), cfg.duration, lockbench.RunOptions{Over: h.Over})
+	r.Latency = h.Latency()
+	return benchFigures("handoff", "handoffs", cfg, len(keys), r), nil
 }
 
 // sweep releases every bench lease of this run that is still held. An
