@@ -10,10 +10,9 @@ import (
 	"cirello.io/pglock"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ashlock/ashlock/internal/lockbench"
 	"github.com/ashlock/ashlock/sqllock"
 )
-
-var errStole = errors.New("acquired a key that another holder holds")
 
 // hotKey builds the contended-TryAcquire matrix: every contender hammers
 // one key that someone else holds, and each attempt fails. The probe shows
@@ -54,16 +53,7 @@ func (e *pgEnv) hotKey(ctx context.Context, cfg *config) (*matrix, error) {
 	ttl := micros(e.ttl)
 	cs := []contender{
 		{name: "backend", newWorker: func(id int, _ *rand.Rand) pairFunc {
-			return func(ctx context.Context) (bool, error) {
-				_, err := e.backend.TryAcquire(ctx, sqllock.AcquireRequest{Key: "hot-ashlock", TTL: e.ttl, Owner: owner(id)})
-				if errors.Is(err, sqllock.ErrNotAcquired) {
-					return false, nil
-				}
-				if err == nil {
-					return true, errStole
-				}
-				return false, err
-			}
+			return lockbench.Attempt(e.backend, "hot-ashlock", e.ttl, lockbench.Owner(owner(id)))
 		}},
 		{name: "raw-upsert", newWorker: func(id int, _ *rand.Rand) pairFunc {
 			return func(ctx context.Context) (bool, error) {
@@ -73,7 +63,7 @@ func (e *pgEnv) hotKey(ctx context.Context, cfg *config) (*matrix, error) {
 					return false, nil
 				}
 				if err == nil {
-					return true, errStole
+					return true, lockbench.ErrStole
 				}
 				return false, err
 			}
@@ -86,7 +76,7 @@ func (e *pgEnv) hotKey(ctx context.Context, cfg *config) (*matrix, error) {
 					return false, nil
 				}
 				if err == nil {
-					return true, errStole
+					return true, lockbench.ErrStole
 				}
 				return false, err
 			}
@@ -98,7 +88,7 @@ func (e *pgEnv) hotKey(ctx context.Context, cfg *config) (*matrix, error) {
 					return false, nil
 				}
 				if err == nil {
-					return true, errStole
+					return true, lockbench.ErrStole
 				}
 				return false, err
 			}
@@ -110,7 +100,7 @@ func (e *pgEnv) hotKey(ctx context.Context, cfg *config) (*matrix, error) {
 					return false, err
 				}
 				if ok {
-					return true, errStole
+					return true, lockbench.ErrStole
 				}
 				return false, nil
 			}

@@ -18,6 +18,7 @@ import (
 	_ "github.com/lib/pq" // pglock.New accepts only lib/pq, its "ratified" driver
 
 	"github.com/ashlock/ashlock/dialect/postgres"
+	"github.com/ashlock/ashlock/internal/lockbench"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -246,33 +247,19 @@ func rawAcquire(ctx context.Context, pool *pgxpool.Pool, key, owner string, ttl 
 
 func backendContender(name string, b sqllock.Backend, keys []string, ttl time.Duration) contender {
 	return contender{name: name, newWorker: func(id int, rng *rand.Rand) pairFunc {
-		owner := fmt.Sprintf("bench-%d", id)
-		return func(ctx context.Context) (bool, error) {
-			l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: keys[rng.IntN(len(keys))], TTL: ttl, Owner: owner})
-			if errors.Is(err, sqllock.ErrNotAcquired) {
-				return false, nil
-			}
-			if err != nil {
-				return false, err
-			}
-			return true, b.Release(ctx, l)
-		}
+		return lockbench.Pair(b, randomKey(keys, rng), ttl, lockbench.Owner(fmt.Sprintf("bench-%d", id)))
 	}}
 }
 
 func clientContender(name string, c *sqllock.Client, keys []string) contender {
 	return contender{name: name, newWorker: func(id int, rng *rand.Rand) pairFunc {
-		return func(ctx context.Context) (bool, error) {
-			g, err := c.TryAcquire(ctx, keys[rng.IntN(len(keys))], nil)
-			if errors.Is(err, sqllock.ErrNotAcquired) {
-				return false, nil
-			}
-			if err != nil {
-				return false, err
-			}
-			return true, g.Release(ctx)
-		}
+		return lockbench.ClientPair(c, randomKey(keys, rng))
 	}}
+}
+
+// randomKey draws a key of keys with rng.
+func randomKey(keys []string, rng *rand.Rand) func() string {
+	return func() string { return keys[rng.IntN(len(keys))] }
 }
 
 func (e *pgEnv) pglockContender() contender {

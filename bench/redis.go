@@ -15,6 +15,7 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ashlock/ashlock/internal/lockbench"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -188,11 +189,7 @@ func (e *redisEnv) hotKey(ctx context.Context, cfg *config, pe *pgEnv) (*matrix,
 	lc := redislock.New(c)
 	cs := []contender{
 		{name: "backend", newWorker: func(id int, _ *rand.Rand) pairFunc {
-			owner := fmt.Sprintf("w%d", id)
-			return func(ctx context.Context) (bool, error) {
-				_, err := pe.backend.TryAcquire(ctx, sqllock.AcquireRequest{Key: "hot-redis-ashlock", TTL: pe.ttl, Owner: owner})
-				return hotResult(errors.Is(err, sqllock.ErrNotAcquired), err)
-			}
+			return lockbench.Attempt(pe.backend, "hot-redis-ashlock", pe.ttl, lockbench.Owner(fmt.Sprintf("w%d", id)))
 		}},
 		{name: "redislock", newWorker: func(int, *rand.Rand) pairFunc {
 			return func(ctx context.Context) (bool, error) {
@@ -218,7 +215,7 @@ func hotResult(refused bool, err error) (bool, error) {
 	case refused:
 		return false, nil
 	case err == nil:
-		return true, errStole
+		return true, lockbench.ErrStole
 	}
 	return false, err
 }

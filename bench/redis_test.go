@@ -12,6 +12,8 @@ import (
 	"github.com/bsm/redislock"
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+
+	"github.com/ashlock/ashlock/internal/lockbench"
 )
 
 func TestRedisArgsPairDurability(t *testing.T) {
@@ -121,8 +123,8 @@ func TestRedisContenders(t *testing.T) {
 	if held, err := hotResult(isRedsyncTaken(err), err); held || err != nil {
 		t.Errorf("redsync on a held key: held %v, err %v", held, err)
 	}
-	if held, err := hotResult(false, nil); !held || !errors.Is(err, errStole) {
-		t.Errorf("a granted hot-key attempt: held %v, err %v, want errStole", held, err)
+	if held, err := hotResult(false, nil); !held || !errors.Is(err, lockbench.ErrStole) {
+		t.Errorf("a granted hot-key attempt: held %v, err %v, want lockbench.ErrStole", held, err)
 	}
 }
 

@@ -6,14 +6,14 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/ashlock/ashlock/internal/lockbench"
 )
 
 // pairFunc makes one attempt: acquire and, when granted, release. It reports
 // whether it held the lock (false: the key was busy).
-type pairFunc func(ctx context.Context) (held bool, err error)
+type pairFunc = lockbench.Op
 
 // contender is one way of taking locks. newWorker builds the per-goroutine
 // state (its random source, owner name, connection...).
@@ -42,7 +42,7 @@ type cellRun struct {
 	errs     uint64
 	firstErr error
 	elapsed  time.Duration
-	lat      *hist
+	lat      *lockbench.Hist
 	mallocs  uint64
 	delta    counters
 }
@@ -56,80 +56,24 @@ func runCell(ctx context.Context, c contender, g int, d time.Duration, seed uint
 	for i := range workers {
 		workers[i] = c.newWorker(i, rand.New(rand.NewPCG(seed, uint64(i)*0x9e3779b97f4a7c15+1)))
 	}
-	var (
-		stop     atomic.Bool
-		ops      atomic.Uint64
-		busy     atomic.Uint64
-		errs     atomic.Uint64
-		errOnce  sync.Once
-		firstErr error
-		wg       sync.WaitGroup
-		start    = make(chan struct{})
-		hists    = make([]*hist, g)
-	)
-	for i := range workers {
-		if recordLatency {
-			hists[i] = new(hist)
-		}
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			f, h := workers[i], hists[i]
-			var n, nb uint64
-			<-start
-			for !stop.Load() {
-				var t0 time.Time
-				if h != nil {
-					t0 = time.Now()
-				}
-				held, err := f(ctx)
-				switch {
-				case err != nil:
-					errs.Add(1)
-					errOnce.Do(func() { firstErr = err })
-					if ctx.Err() != nil {
-						return
-					}
-					time.Sleep(time.Millisecond)
-				case held || countBusy:
-					n++
-					if h != nil {
-						h.add(time.Since(t0))
-					}
-					if !held {
-						nb++
-					}
-				default:
-					nb++
-				}
-			}
-			ops.Add(n)
-			busy.Add(nb)
-		}(i)
-	}
 	var before, after counters
-	if pr != nil {
-		before = pr.read(ctx)
-	}
 	var ms0, ms1 runtime.MemStats
-	runtime.ReadMemStats(&ms0)
-	t0 := time.Now()
-	close(start)
-	timer := time.AfterFunc(d, func() { stop.Store(true) })
-	wg.Wait()
-	elapsed := time.Since(t0)
-	timer.Stop()
-	runtime.ReadMemStats(&ms1)
-	if pr != nil {
-		after = pr.read(ctx)
-	}
-	r := cellRun{ops: ops.Load(), busy: busy.Load(), errs: errs.Load(), firstErr: firstErr, elapsed: elapsed, mallocs: ms1.Mallocs - ms0.Mallocs}
-	if recordLatency {
-		r.lat = new(hist)
-		for _, h := range hists {
-			r.lat.merge(h)
-		}
-	}
+	res := lockbench.Run(ctx, workers, d, lockbench.RunOptions{
+		Latency: recordLatency, CountBusy: countBusy,
+		Started: func() {
+			if pr != nil {
+				before = pr.read(ctx)
+			}
+			runtime.ReadMemStats(&ms0)
+		},
+		Stopped: func() {
+			runtime.ReadMemStats(&ms1)
+			if pr != nil {
+				after = pr.read(ctx)
+			}
+		},
+	})
+	r := cellRun{ops: res.Ops, busy: res.Busy, errs: res.Errors, firstErr: res.FirstError, elapsed: res.Elapsed, mallocs: ms1.Mallocs - ms0.Mallocs, lat: res.Latency}
 	if before.ok && after.ok {
 		r.delta = counters{walBytes: after.walBytes - before.walBytes, xids: after.xids - before.xids, statements: after.statements - before.statements, ok: true}
 	}
@@ -211,7 +155,7 @@ func (m *matrix) run(ctx context.Context, logf func(string, ...any)) error {
 				m.runs[c.name][g] = append(m.runs[c.name][g], res)
 				msg := fmt.Sprintf("%s r%d g=%-3d %-34s %10.0f/s", m.section, r+1, g, c.name, res.rate())
 				if res.lat != nil {
-					msg += fmt.Sprintf("  p50 %7.0fµs p99 %7.0fµs", us(res.lat.quantile(0.5)), us(res.lat.quantile(0.99)))
+					msg += fmt.Sprintf("  p50 %7.0fµs p99 %7.0fµs", us(res.lat.Quantile(0.5)), us(res.lat.Quantile(0.99)))
 				}
 				if res.errs > 0 {
 					msg += fmt.Sprintf("  errors %d (%v)", res.errs, res.firstErr)
@@ -238,9 +182,9 @@ func (r *cellRun) add(o cellRun) {
 	r.mallocs += o.mallocs
 	if o.lat != nil {
 		if r.lat == nil {
-			r.lat = new(hist)
+			r.lat = new(lockbench.Hist)
 		}
-		r.lat.merge(o.lat)
+		r.lat.Merge(o.lat)
 	}
 	if o.delta.ok {
 		r.delta.walBytes += o.delta.walBytes
@@ -260,7 +204,7 @@ func (m *matrix) cells() []Cell {
 			}
 			cell := Cell{Section: m.section, Contender: c.name, Goroutines: g}
 			var wal, xid, st, al []float64
-			lat := new(hist)
+			lat := new(lockbench.Hist)
 			for _, r := range runs {
 				cell.PerRound = append(cell.PerRound, r.rate())
 				cell.Busy += r.busy
@@ -269,7 +213,7 @@ func (m *matrix) cells() []Cell {
 					cell.FirstError = r.firstErr.Error()
 				}
 				if r.lat != nil {
-					lat.merge(r.lat)
+					lat.Merge(r.lat)
 				}
 				if r.ops > 0 {
 					al = append(al, float64(r.mallocs)/float64(r.ops))
@@ -281,9 +225,9 @@ func (m *matrix) cells() []Cell {
 				}
 			}
 			cell.OpsPerSec = median(cell.PerRound)
-			if lat.n > 0 {
-				cell.P50us = us(lat.quantile(0.5))
-				cell.P99us = us(lat.quantile(0.99))
+			if lat.N() > 0 {
+				cell.P50us = us(lat.Quantile(0.5))
+				cell.P99us = us(lat.Quantile(0.99))
 			}
 			if len(wal) > 0 {
 				w, x := median(wal), median(xid)

@@ -8,12 +8,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"slices"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/ashlock/ashlock/internal/lockbench"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -58,49 +57,90 @@ const benchPrefix = "sqllock-bench/"
 
 // benchResult is one workload's figures; the JSON names are stable.
 type benchResult struct {
-	Workload   string  `json:"workload"`
-	Database   string  `json:"database"`
-	Clients    int     `json:"clients"`
-	Keys       int     `json:"keys"`
-	DurationS  float64 `json:"duration_s"`
-	Ops        int64   `json:"ops"`
-	Unit       string  `json:"unit"`
-	OpsPerSec  float64 `json:"ops_per_sec"`
-	P50MS      float64 `json:"p50_ms"`
-	P99MS      float64 `json:"p99_ms"`
-	P999MS     float64 `json:"p999_ms"`
-	MaxMS      float64 `json:"max_ms"`
-	Errors     int64   `json:"errors"`
-	FirstError string  `json:"first_error,omitempty"`
+	Workload  string  `json:"workload"`
+	Database  string  `json:"database"`
+	Clients   int     `json:"clients"`
+	Keys      int     `json:"keys"`
+	DurationS float64 `json:"duration_s"`
+	Ops       int64   `json:"ops"`
+	Unit      string  `json:"unit"`
+	OpsPerSec float64 `json:"ops_per_sec"`
+	P50MS     float64 `json:"p50_ms"`
+	P99MS     float64 `json:"p99_ms"`
+	P999MS    float64 `json:"p999_ms"`
+	MaxMS     float64 `json:"max_ms"`
+	// Busy counts the uncontended workload's attempts that found a key
+	// held (by another bench on the same table, say).
+	Busy       int64  `json:"busy,omitempty"`
+	Errors     int64  `json:"errors"`
+	FirstError string `json:"first_error,omitempty"`
 }
 
 type benchConfig struct {
 	clients, keys int
 	duration, ttl time.Duration
 	owner         string
+	workloads     []string
+	asJSON        bool
 }
 
 func cmdBench(ctx context.Context, e *env, args []string) error {
 	var (
-		db       dbFlags
-		cfg      benchConfig
-		workload string
-		asJSON   bool
+		db  dbFlags
+		cfg benchConfig
 	)
+	if err := e.parseBench(&db, &cfg, args); err != nil {
+		return err
+	}
+	s, err := e.open(ctx, db, openOptions{maxConns: cfg.clients + 4})
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	// Fail early, with what to do, rather than count every operation as an
+	// error: a missing table, a database that does not answer.
+	if _, err := s.backend.List(ctx, benchPrefix); err != nil {
+		return s.db.opError(err, db)
+	}
+	host, _ := os.Hostname()
+	cfg.owner = fmt.Sprintf("sqllock-bench:%s:%d:%08x", host, os.Getpid(), rand.Uint32())
+	if !cfg.asJSON {
+		fmt.Fprintf(e.stdout, "sqllock bench: %s, table %s, %d clients, %v per workload, keys under %q\n",
+			s.db, db.table, cfg.clients, cfg.duration, benchPrefix)
+	}
+	var results []benchResult
+	for _, w := range cfg.workloads {
+		r, err := benchWorkload(ctx, w, s.backend, cfg)
+		if err != nil {
+			return err
+		}
+		// Before anything else: an interrupt may leave a lease held.
+		if err := sweep(ctx, s.backend, cfg); err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return fail(exitSignalBase+2, "interrupted during the %s workload", w)
+		}
+		r.Database = s.db.display
+		r.FirstError = redact(r.FirstError)
+		results = append(results, r)
+	}
+	return e.printBench(results, cfg.asJSON)
+}
+
+// parseBench parses and checks bench's flags; the table is bench's own
+// unless --table names one.
+func (e *env) parseBench(db *dbFlags, cfg *benchConfig, args []string) error {
+	var workload string
 	fs := e.flagSet("bench", benchUsage)
 	fs.IntVar(&cfg.clients, "clients", 4, "concurrent `clients`")
 	fs.IntVar(&cfg.keys, "keys", 1000, "number of `keys` of the uncontended workload (at least one per client)")
 	durationVar(fs, &cfg.duration, "duration", 5*time.Second, "how long each workload runs")
 	durationVar(fs, &cfg.ttl, "ttl", sqllock.DefaultTTL, "lease duration of every acquire")
 	fs.StringVar(&workload, "workload", "all", "uncontended, hot, handoff or all")
-	fs.BoolVar(&asJSON, "json", false, "print a JSON array instead of a table")
-	db.register(fs)
-	fs.Lookup("table").Usage = "lock `table` to bench in (default " + benchTable + ": its own, never the table of your real locks unless named here)"
-	if err := e.parse(fs, args); err != nil {
+	fs.BoolVar(&cfg.asJSON, "json", false, "print a JSON array instead of a table")
+	if err := e.parseFlags(fs, db, noFlags{}, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fail(ExitUsage, "unexpected argument %q (see sqllock bench --help)", fs.Arg(0))
 	}
 	db.table = cmp.Or(db.table, benchTable)
 	switch {
@@ -114,60 +154,20 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 	if err := checkTTL(cfg.ttl, sqllock.MinTTL, sqllock.MaxTTL); err != nil {
 		return err
 	}
-	var workloads []string
 	switch workload {
 	case "all":
-		workloads = []string{"uncontended", "hot", "handoff"}
+		cfg.workloads = []string{"uncontended", "hot", "handoff"}
 	case "uncontended", "hot", "handoff":
-		workloads = []string{workload}
+		cfg.workloads = []string{workload}
 	default:
 		return fail(ExitUsage, "--workload %q: want uncontended, hot, handoff or all", workload)
 	}
-	d, err := e.database(db)
-	if err != nil {
-		return err
-	}
-	b, err := e.openBackend(ctx, d, db, cfg.clients+4)
-	if err != nil {
-		return err
-	}
-	defer b.close()
-	// Fail early, with what to do, rather than count every operation as an
-	// error: a missing table, a database that does not answer.
-	if _, err := b.List(ctx, benchPrefix); err != nil {
-		return d.opError(err, db)
-	}
-	host, _ := os.Hostname()
-	cfg.owner = fmt.Sprintf("sqllock-bench:%s:%d:%08x", host, os.Getpid(), rand.Uint32())
+	return nil
+}
 
-	if !asJSON {
-		fmt.Fprintf(e.stdout, "sqllock bench: %s, table %s, %d clients, %v per workload, keys under %q\n",
-			d, db.table, cfg.clients, cfg.duration, benchPrefix)
-	}
-	var results []benchResult
-	for _, w := range workloads {
-		var r benchResult
-		switch w {
-		case "uncontended":
-			r, err = benchUncontended(ctx, b, cfg)
-		case "hot":
-			r, err = benchHot(ctx, b, cfg)
-		case "handoff":
-			r, err = benchHandoff(ctx, b, cfg)
-		}
-		if err != nil {
-			return err
-		}
-		if ctx.Err() != nil {
-			return fail(exitSignalBase+2, "interrupted during the %s workload", w)
-		}
-		if err := sweep(ctx, b, cfg); err != nil {
-			return err
-		}
-		r.Database = d.display
-		r.FirstError = redact(r.FirstError)
-		results = append(results, r)
-	}
+// printBench prints the results: a JSON array, or a table and the first
+// error of each workload that had one.
+func (e *env) printBench(results []benchResult, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
@@ -193,172 +193,76 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 
 func ms(v float64) string { return fmt.Sprintf("%.2fms", v) }
 
-// recorder collects one workload's latencies and errors from all clients.
-type recorder struct {
-	mu         sync.Mutex
-	lat        []time.Duration
-	errors     int64
-	firstError error
-}
-
-// worker is one client's share, merged into the recorder once at the end.
-type worker struct {
-	lat    []time.Duration
-	errors int64
-	first  error
-}
-
-func (w *worker) fail(err error) {
-	w.errors++
-	if w.first == nil {
-		w.first = err
+// benchWorkload runs the workload w.
+func benchWorkload(ctx context.Context, w string, b sqllock.Backend, cfg benchConfig) (benchResult, error) {
+	// The hard limit only matters if the database stops answering.
+	ctx, cancel := context.WithTimeout(ctx, cfg.duration+time.Minute)
+	defer cancel()
+	switch w {
+	case "uncontended":
+		return benchUncontended(ctx, b, cfg), nil
+	case "hot":
+		return benchHot(ctx, b, cfg)
 	}
+	return benchHandoff(ctx, b, cfg)
 }
 
-func (r *recorder) merge(w *worker) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.lat = append(r.lat, w.lat...)
-	r.errors += w.errors
-	if r.firstError == nil {
-		r.firstError = w.first
-	}
-}
-
-func (r *recorder) result(workload, unit string, cfg benchConfig, keys int, elapsed time.Duration) benchResult {
-	slices.Sort(r.lat)
-	pct := func(q float64) float64 {
-		if len(r.lat) == 0 {
-			return 0
-		}
-		return float64(r.lat[int(q*float64(len(r.lat)-1))]) / float64(time.Millisecond)
-	}
+// benchFigures is a workload's result as bench reports it.
+func benchFigures(workload, unit string, cfg benchConfig, keys int, r lockbench.Result) benchResult {
+	lat := r.Latency
+	pct := func(q float64) float64 { return float64(lat.Quantile(q)) / float64(time.Millisecond) }
 	res := benchResult{
-		Workload: workload, Clients: cfg.clients, Keys: keys, DurationS: elapsed.Seconds(),
-		Ops: int64(len(r.lat)), Unit: unit, OpsPerSec: float64(len(r.lat)) / elapsed.Seconds(),
+		Workload: workload, Clients: cfg.clients, Keys: keys, DurationS: r.Elapsed.Seconds(),
+		Ops: int64(r.Ops), Unit: unit, OpsPerSec: r.Rate(),
 		P50MS: pct(0.50), P99MS: pct(0.99), P999MS: pct(0.999), MaxMS: pct(1),
-		Errors: r.errors,
+		Errors: int64(r.Errors),
 	}
-	if r.firstError != nil {
-		res.FirstError = r.firstError.Error()
+	if r.FirstError != nil {
+		res.FirstError = r.FirstError.Error()
 	}
 	return res
 }
 
-// run is one workload's run: clients stop between operations once it is
-// over, so that no statement is cut off by the end of the run (a cut-off
-// acquire may be granted without the client learning it).
-type run struct {
-	ctx  context.Context // ends only on an interrupt, or long after the run
-	stop <-chan struct{} // closed when the duration has passed
-	end  time.Time
-}
-
-// over reports whether the run has ended.
-func (r *run) over() bool {
-	select {
-	case <-r.stop:
-		return true
-	default:
-		return r.ctx.Err() != nil
+// ownerFor is the owner of a client's acquires: unique per acquire, and
+// under this run's owner, which sweep looks for.
+func (cfg benchConfig) ownerFor(client int) func() string {
+	seq := 0
+	return func() string {
+		seq++
+		return fmt.Sprintf("%s/c%d/%d", cfg.owner, client, seq)
 	}
-}
-
-// record adds an operation's latency if it completed within the run.
-func (r *run) record(w *worker, start time.Time) {
-	if now := time.Now(); now.Before(r.end) {
-		w.lat = append(w.lat, now.Sub(start))
-	}
-}
-
-// runClients runs fn on cfg.clients goroutines until the duration passes or
-// ctx ends, and returns the time measured.
-func runClients(ctx context.Context, cfg benchConfig, rec *recorder, fn func(r *run, client int, w *worker)) time.Duration {
-	// The hard limit only matters if the database stops answering.
-	ctx, cancel := context.WithTimeout(ctx, cfg.duration+time.Minute)
-	defer cancel()
-	start := time.Now()
-	stop := make(chan struct{})
-	timer := time.AfterFunc(cfg.duration, func() { close(stop) })
-	defer timer.Stop()
-	r := &run{ctx: ctx, stop: stop, end: start.Add(cfg.duration)}
-	var wg sync.WaitGroup
-	for c := range cfg.clients {
-		wg.Go(func() {
-			var w worker
-			fn(r, c, &w)
-			rec.merge(&w)
-		})
-	}
-	wg.Wait()
-	return min(time.Since(start), cfg.duration)
-}
-
-func (cfg benchConfig) ownerFor(client int, seq int) string {
-	return fmt.Sprintf("%s/c%d/%d", cfg.owner, client, seq)
-}
-
-// runEnded reports whether err is the end of the run (an interrupt) rather
-// than a failure.
-func runEnded(ctx context.Context, err error) bool {
-	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, sqllock.ErrIndeterminate) || errors.Is(err, sqllock.ErrUnavailable))
 }
 
 // benchUncontended: each client takes and releases random keys of its own.
-func benchUncontended(ctx context.Context, b sqllock.Backend, cfg benchConfig) (benchResult, error) {
+func benchUncontended(ctx context.Context, b sqllock.Backend, cfg benchConfig) benchResult {
 	keys := max(cfg.keys, cfg.clients)
-	rec := &recorder{}
-	elapsed := runClients(ctx, cfg, rec, func(r *run, c int, w *worker) {
+	ops := make([]lockbench.Op, cfg.clients)
+	for c := range ops {
 		// Client c owns the keys i with i % clients == c.
 		own := (keys - c + cfg.clients - 1) / cfg.clients
-		for seq := 1; !r.over(); seq++ {
-			key := fmt.Sprintf("%suncontended/%d", benchPrefix, rand.N(own)*cfg.clients+c)
-			start := time.Now()
-			l, err := b.TryAcquire(r.ctx, sqllock.AcquireRequest{Key: key, TTL: cfg.ttl, Owner: cfg.ownerFor(c, seq)})
-			if err != nil {
-				if !runEnded(r.ctx, err) {
-					w.fail(err)
-				}
-				continue
-			}
-			// Release even when interrupted, so no lease is left.
-			if err := b.Release(context.WithoutCancel(r.ctx), l); err != nil {
-				w.fail(err)
-				continue
-			}
-			r.record(w, start)
-		}
-	})
-	return rec.result("uncontended", "pairs", cfg, keys, elapsed), nil
+		key := func() string { return fmt.Sprintf("%suncontended/%d", benchPrefix, rand.N(own)*cfg.clients+c) }
+		ops[c] = lockbench.Pair(b, key, cfg.ttl, cfg.ownerFor(c))
+	}
+	r := lockbench.Run(ctx, ops, cfg.duration, lockbench.RunOptions{Latency: true})
+	res := benchFigures("uncontended", "pairs", cfg, keys, r)
+	res.Busy = int64(r.Busy)
+	return res
 }
 
 // benchHot: one lease holds a key; every client's TryAcquire is refused.
 func benchHot(ctx context.Context, b sqllock.Backend, cfg benchConfig) (benchResult, error) {
 	key := benchPrefix + "hot"
 	holdTTL := min(cfg.duration+time.Minute+cfg.ttl, sqllock.MaxTTL)
-	held, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: holdTTL, Owner: cfg.ownerFor(-1, 0)})
+	held, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: holdTTL, Owner: cfg.ownerFor(-1)()})
 	if err != nil && !errors.Is(err, sqllock.ErrNotAcquired) {
 		return benchResult{}, fmt.Errorf("hot workload: take %q: %w", key, err)
 	}
 	// (If another bench holds it, the attempts are refused all the same.)
-	rec := &recorder{}
-	elapsed := runClients(ctx, cfg, rec, func(r *run, c int, w *worker) {
-		for seq := 1; !r.over(); seq++ {
-			start := time.Now()
-			l, err := b.TryAcquire(r.ctx, sqllock.AcquireRequest{Key: key, TTL: cfg.ttl, Owner: cfg.ownerFor(c, seq)})
-			switch {
-			case err == nil:
-				// The holder's lease ended early: give it back.
-				_ = b.Release(context.WithoutCancel(r.ctx), l)
-				w.fail(fmt.Errorf("acquired %q, which should have been held", key))
-			case errors.Is(err, sqllock.ErrNotAcquired):
-				r.record(w, start)
-			case !runEnded(r.ctx, err):
-				w.fail(err)
-			}
-		}
-	})
+	ops := make([]lockbench.Op, cfg.clients)
+	for c := range ops {
+		ops[c] = lockbench.Attempt(b, key, cfg.ttl, cfg.ownerFor(c))
+	}
+	r := lockbench.Run(ctx, ops, cfg.duration, lockbench.RunOptions{Latency: true, CountBusy: true})
 	if held.Token > 0 {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
@@ -366,68 +270,28 @@ func benchHot(ctx context.Context, b sqllock.Backend, cfg benchConfig) (benchRes
 			return benchResult{}, fmt.Errorf("hot workload: release %q: %w", key, err)
 		}
 	}
-	return rec.result("hot", "attempts", cfg, 1, elapsed), nil
+	return benchFigures("hot", "attempts", cfg, 1, r), nil
 }
 
-// handoffKey is the shared state of one key of the handoff workload.
-type handoffKey struct {
-	mu         sync.Mutex
-	releasedAt time.Time     // when the last holder started its release
-	releaser   int           // which client that was
-	acquired   chan struct{} // closed at the next acquisition
-}
-
-// benchHandoff: clients wait in Acquire; each holder releases at once and
-// then waits for another client to take the key before it queues again.
+// benchHandoff: clients wait in Acquire on shared keys (two or more
+// clients per key); each holder releases at once.
 func benchHandoff(ctx context.Context, b sqllock.Backend, cfg benchConfig) (benchResult, error) {
 	if cfg.clients < 2 {
 		return benchResult{}, fail(ExitUsage, "the handoff workload needs --clients 2 or more")
 	}
-	nkeys := max(1, min(cfg.keys, cfg.clients/2))
-	states := make([]*handoffKey, nkeys)
-	for i := range states {
-		states[i] = &handoffKey{releaser: -1, acquired: make(chan struct{})}
+	keys := make([]string, max(1, min(cfg.keys, cfg.clients/2)))
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%shandoff/%d", benchPrefix, i)
 	}
 	client, err := sqllock.New(b, sqllock.Options{Owner: cfg.owner, TTL: cfg.ttl, ReleaseTimeout: releaseTimeout})
 	if err != nil {
 		return benchResult{}, err
 	}
 	defer func() { _ = client.Close(context.Background()) }()
-	rec := &recorder{}
-	elapsed := runClients(ctx, cfg, rec, func(r *run, c int, w *worker) {
-		k := c % nkeys
-		st, key := states[k], fmt.Sprintf("%shandoff/%d", benchPrefix, k)
-		for !r.over() {
-			// Not cancelled at the end of the run: every waiter gets the
-			// key in turn, as each holder releases it, and then stops.
-			g, err := client.Acquire(r.ctx, key, &sqllock.AcquireOptions{Wait: sqllock.WaitForever})
-			if err != nil {
-				if !runEnded(r.ctx, err) {
-					w.fail(err)
-				}
-				continue
-			}
-			now := time.Now()
-			st.mu.Lock()
-			if st.releaser >= 0 && st.releaser != c && now.Before(r.end) {
-				w.lat = append(w.lat, now.Sub(st.releasedAt))
-			}
-			close(st.acquired)
-			st.acquired = make(chan struct{})
-			next := st.acquired
-			st.releasedAt, st.releaser = time.Now(), c
-			st.mu.Unlock()
-			if err := g.Release(context.WithoutCancel(r.ctx)); err != nil {
-				w.fail(err)
-			}
-			select { // let a waiter have it before queueing again
-			case <-next:
-			case <-r.stop:
-			case <-r.ctx.Done():
-			}
-		}
-	})
-	return rec.result("handoff", "handoffs", cfg, nkeys, elapsed), nil
+	h := lockbench.NewHandoff(client, keys, cfg.clients)
+	r := lockbench.Run(ctx, h.Ops(), cfg.duration, lockbench.RunOptions{Over: h.Over})
+	r.Latency = h.Latency()
+	return benchFigures("handoff", "handoffs", cfg, len(keys), r), nil
 }
 
 // sweep releases every bench lease of this run that is still held. An

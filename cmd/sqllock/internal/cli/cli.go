@@ -489,7 +489,11 @@ type dbFlags struct {
 
 func (f *dbFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "database-url", "", "`URL` of the database (default $SQLLOCK_DATABASE_URL, else the embedded SQLite file)")
-	fs.StringVar(&f.table, "table", "", "lock `table` name (default sqllock_locks)")
+	tableUsage := "lock `table` name (default sqllock_locks)"
+	if fs.Name() == "sqllock bench" {
+		tableUsage = "lock `table` to bench in (default " + benchTable + ": its own, never the table of your real locks unless named here)"
+	}
+	fs.StringVar(&f.table, "table", "", tableUsage)
 	fs.StringVar(&f.schema, "schema", "", "PostgreSQL `schema` of the lock table (default: the search_path)")
 	// Each command's help says what --connect-timeout bounds for it, and
 	// only the commands that wait for a release have --no-notify.
@@ -509,6 +513,24 @@ func (f *dbFlags) register(fs *flag.FlagSet) {
 		fs.Var(hiddenBool{&f.noNotify}, "no-notify", "")
 	}
 	durationVar(fs, &f.connectTimeout, "connect-timeout", 0, "PostgreSQL: how long connecting may take"+bounds+" (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 5s)")
+}
+
+// flagger is a command's own flags.
+type flagger interface{ register(fs *flag.FlagSet) }
+
+// parseFlags registers a command's own flags and the database's on fs and
+// parses args, which hold flags only: the commands that take no
+// arguments.
+func (e *env) parseFlags(fs *flag.FlagSet, db *dbFlags, own flagger, args []string) error {
+	own.register(fs)
+	db.register(fs)
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fail(ExitUsage, "unexpected argument %q (see %s --help)", fs.Arg(0), fs.Name())
+	}
+	return nil
 }
 
 // validate checks --table and --schema before any I/O, by the rules the
@@ -537,3 +559,9 @@ func nonNegative(name string, d time.Duration) error {
 	}
 	return nil
 }
+
+// noFlags is a command without flags of its own besides those it
+// registers itself.
+type noFlags struct{}
+
+func (noFlags) register(*flag.FlagSet) {}

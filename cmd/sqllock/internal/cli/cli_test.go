@@ -245,18 +245,27 @@ func TestRunInProcess(t *testing.T) {
 	require.EqualValues(t, 1, locks[0]["token"])
 }
 
+// hold takes key in the bundle's default SQLite file as "test-holder"
+// until the test ends.
+func (tb *testBundle) hold(t *testing.T, ctx context.Context, key string) {
+	t.Helper()
+	holder, err := sqlite.Open(filepath.Join(tb.workDir, "locks.db"), sqlite.Options{})
+	require.NoError(t, err)
+	l, err := holder.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: "test-holder"})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, holder.Release(ctx, l))
+		require.NoError(t, holder.Close())
+	})
+}
+
 // A signal while run waits for the lock ends the wait: 128+N, and the
 // command never runs.
 func TestRunSignalWhileWaiting(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	ctx := testCtx(t)
-	holder, err := sqlite.Open(filepath.Join(tb.workDir, "locks.db"), sqlite.Options{})
-	require.NoError(t, err)
-	defer holder.Close()
-	l, err := holder.TryAcquire(ctx, sqllock.AcquireRequest{Key: "busy", TTL: time.Minute, Owner: "test-holder"})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, holder.Release(ctx, l)) }()
+	tb.hold(t, ctx, "busy")
 
 	go func() {
 		c := <-tb.sigs
@@ -274,12 +283,7 @@ func TestRunNotAcquired(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	ctx := testCtx(t)
-	holder, err := sqlite.Open(filepath.Join(tb.workDir, "locks.db"), sqlite.Options{})
-	require.NoError(t, err)
-	defer holder.Close()
-	l, err := holder.TryAcquire(ctx, sqllock.AcquireRequest{Key: "busy", TTL: time.Minute, Owner: "test-holder"})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, holder.Release(ctx, l)) }()
+	tb.hold(t, ctx, "busy")
 
 	code, stdout, stderr := tb.run(ctx, "run", "--key", "busy", "--", "echo", "ran")
 	require.Equal(t, ExitTempFail, code)

@@ -1,18 +1,20 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ashlock/ashlock/election"
+	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -89,39 +91,20 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 	var f electFlags
 	f.conflictCode = ExitTempFail // a term lost before COMMAND started: campaign again
 	fs := e.flagSet("elect", electUsage)
-	fs.StringVar(&f.name, "name", "", "the election's `name` (required)")
+	electionNameVar(fs, &f.name)
 	fs.StringVar(&f.value, "value", "", "a `value` published with each term (at most 4096 bytes)")
 	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "term lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
 	durationVar(fs, &f.grace, "grace", defaultGrace, "after a lost term, time between SIGTERM and SIGKILL")
-	f.db.register(fs)
-	f.log.register(fs)
-	if err := e.parse(fs, args); err != nil {
-		return err
-	}
-	if err := f.log.setup(e); err != nil {
-		return err
-	}
-	f.command = fs.Args()
-	switch {
-	case f.name == "":
-		return fail(ExitUsage, "missing --name (see sqllock elect --help)")
-	case len(f.command) == 0:
-		return fail(ExitUsage, "missing the command to run after -- (see sqllock elect --help)")
-	}
-	f.key = election.KeyPrefix + f.name
-	if err := sqllock.ValidateKey(f.key); err != nil {
-		return fail(ExitUsage, "--name: %v", err)
-	}
-	if err := sqllock.ValidateValue([]byte(f.value)); err != nil {
-		return fail(ExitUsage, "--value: %v", err)
-	}
-	if err := checkCommandTTL(f.ttl, "term"); err != nil {
-		return err
-	}
-	if err := nonNegative("grace", f.grace); err != nil {
-		return err
-	}
-	if err := f.resolveCommand(); err != nil {
+	err := e.parseCommandLine(fs, args, &f.runFlags, "name", &f.name, func(name string) string { return election.KeyPrefix + name },
+		func() error {
+			if err := sqllock.ValidateValue([]byte(f.value)); err != nil {
+				return fail(ExitUsage, "--value: %v", err)
+			}
+			return nil
+		},
+		func() error { return checkCommandTTL(f.ttl, "term") },
+		func() error { return nonNegative("grace", f.grace) })
+	if err != nil {
 		return err
 	}
 
@@ -129,68 +112,69 @@ func cmdElect(ctx context.Context, e *env, args []string) error {
 	e.notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer e.stopNotify(sigs)
 
-	d, err := e.database(f.db)
+	s, err := e.open(ctx, f.db, openOptions{maxConns: 4, client: func(d *database) sqllock.Options {
+		return e.clientOptions(f.ttl, d)
+	}})
 	if err != nil {
 		return err
 	}
-	b, err := e.openBackend(ctx, d, f.db, 4)
-	if err != nil {
-		return err
-	}
-	defer b.close()
-	client, err := sqllock.New(b, e.clientOptions(f.ttl, d))
-	if err != nil {
-		return fail(ExitUsage, "%v", err)
-	}
-	defer func() { _ = client.Close(context.Background()) }()
+	defer s.close()
 	var value []byte
 	if f.value != "" {
 		value = []byte(f.value)
 	}
-	el, err := election.New(client, election.Config{Name: f.name, TTL: f.ttl, Value: value})
+	el, err := election.New(s.client, election.Config{Name: f.name, TTL: f.ttl, Value: value})
 	if err != nil {
 		return fail(ExitUsage, "%v", err)
 	}
-
-	for lost := 0; ; {
-		l, err := e.campaign(ctx, el, f, d, sigs, lost)
+	for lost := 0; ; lost++ {
+		l, err := e.campaign(ctx, el, f, s.db, sigs, lost)
 		if err != nil {
 			return err
 		}
-		term := l.Term()
-		// releaseLost: the release found the term lost (a forced release
-		// after the last renewal): lost all the same.
-		var releaseLost error
-		resign := func(ctx context.Context) error {
-			err := l.Resign(ctx)
-			if errors.Is(err, sqllock.ErrLeaseLost) {
-				releaseLost = err
-			}
+		if err := e.lead(ctx, l, f, sigs); err != nil {
 			return err
 		}
-		e.notef(slog.LevelInfo, "sqllock elect: leading %q (term %d); starting %s", f.name, term.Token, f.commandRaw)
-		t := tenure{
-			cmd: "elect", key: f.key, token: term.Token, ctx: l.Context(), release: resign, deadline: l.LocalDeadline,
-			env: []string{
-				"SQLLOCK_ELECTION=" + f.name,
-				"SQLLOCK_TERM=" + strconv.FormatInt(term.Token, 10),
-				"SQLLOCK_KEY=" + f.key,
-				"SQLLOCK_TOKEN=" + strconv.FormatInt(term.Token, 10),
-				"SQLLOCK_OWNER=" + term.Leader,
-			},
-		}
-		err = e.supervise(t, f.runFlags, sigs)
-		var s silentExit
-		var termLost *sqllock.LostError
-		if !errors.As(err, &s) || (int(s) != ExitLeaseLost && int(s) != ExitTempFail) || ctx.Err() != nil ||
-			(!errors.As(context.Cause(t.ctx), &termLost) && !errors.As(releaseLost, &termLost)) {
-			// COMMAND ended by itself (or could not start): its status,
-			// also a 75 or 76 of its own while the term was still held.
-			return err
-		}
-		lost++
-		e.notef(slog.LevelWarn, "sqllock elect: lost term %d of %q (%s); campaigning again", term.Token, f.name, lossReason(termLost))
 	}
+}
+
+// lead runs COMMAND under the term l. It returns nil when the term was
+// lost while COMMAND ran (COMMAND was stopped, and elect campaigns again),
+// else what ends elect: COMMAND's own status.
+func (e *env) lead(ctx context.Context, l *election.Leadership, f electFlags, sigs <-chan os.Signal) error {
+	term := l.Term()
+	// releaseLost: the release found the term lost (a forced release
+	// after the last renewal): lost all the same.
+	var releaseLost error
+	resign := func(ctx context.Context) error {
+		err := l.Resign(ctx)
+		if errors.Is(err, sqllock.ErrLeaseLost) {
+			releaseLost = err
+		}
+		return err
+	}
+	e.notef(slog.LevelInfo, "sqllock elect: leading %q (term %d); starting %s", f.name, term.Token, f.commandRaw)
+	t := tenure{
+		cmd: "elect", key: f.key, token: term.Token, ctx: l.Context(), release: resign, deadline: l.LocalDeadline,
+		env: []string{
+			"SQLLOCK_ELECTION=" + f.name,
+			"SQLLOCK_TERM=" + strconv.FormatInt(term.Token, 10),
+			"SQLLOCK_KEY=" + f.key,
+			"SQLLOCK_TOKEN=" + strconv.FormatInt(term.Token, 10),
+			"SQLLOCK_OWNER=" + term.Leader,
+		},
+	}
+	err := e.supervise(t, f.runFlags, sigs)
+	var s silentExit
+	var termLost *sqllock.LostError
+	if !errors.As(err, &s) || (int(s) != ExitLeaseLost && int(s) != ExitTempFail) || ctx.Err() != nil ||
+		(!errors.As(context.Cause(t.ctx), &termLost) && !errors.As(releaseLost, &termLost)) {
+		// COMMAND ended by itself (or could not start): its status,
+		// also a 75 or 76 of its own while the term was still held.
+		return cmp.Or(err, error(silentExit(ExitOK)))
+	}
+	e.notef(slog.LevelWarn, "sqllock elect: lost term %d of %q (%s); campaigning again", term.Token, f.name, lossReason(termLost))
+	return nil
 }
 
 // campaign waits until this process leads, campaigning again after a
@@ -211,14 +195,7 @@ func (e *env) campaign(ctx context.Context, el *election.Election, f electFlags,
 		case sig = <-sigs:
 			cancel(signalExit{sig})
 		case <-ctx.Done():
-			// main's NotifyContext also ends ctx on a signal; prefer the
-			// signal itself, which arrives at the same moment.
-			t := time.NewTimer(50 * time.Millisecond)
-			defer t.Stop()
-			select {
-			case sig = <-sigs:
-			case <-t.C:
-			}
+			sig = signalSoon(sigs)
 		case <-done:
 		}
 	}()
@@ -239,12 +216,7 @@ func (e *env) campaign(ctx context.Context, el *election.Election, f electFlags,
 	}
 	for failures := 0; ; {
 		if pause > 0 {
-			t := time.NewTimer(pause)
-			select {
-			case <-cctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
+			_ = wait.Sleep(cctx, pause)
 		}
 		if cctx.Err() != nil {
 			return nil, interrupted()
@@ -288,82 +260,82 @@ type leaderJSON struct {
 	ValueBase64 []byte     `json:"value_base64,omitempty"`
 }
 
+// electionNameVar defines --name, the election's name, of elect and
+// leader.
+func electionNameVar(fs *flag.FlagSet, p *string) {
+	fs.StringVar(p, "name", "", "the election's `name` (required)")
+}
+
+// leaderFlags are leader's flags.
+type leaderFlags struct {
+	db     dbFlags
+	name   string
+	asJSON bool
+}
+
+func (f *leaderFlags) register(fs *flag.FlagSet) {
+	electionNameVar(fs, &f.name)
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+}
+
 func cmdLeader(ctx context.Context, e *env, args []string) error {
-	var (
-		db     dbFlags
-		name   string
-		asJSON bool
-	)
-	fs := e.flagSet("leader", leaderUsage)
-	fs.StringVar(&name, "name", "", "the election's `name` (required)")
-	fs.BoolVar(&asJSON, "json", false, "print JSON")
-	db.register(fs)
-	if err := e.parse(fs, args); err != nil {
+	var f leaderFlags
+	if err := e.parseFlags(e.flagSet("leader", leaderUsage), &f.db, &f, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fail(ExitUsage, "unexpected argument %q (see sqllock leader --help)", fs.Arg(0))
-	}
-	if name == "" {
+	if f.name == "" {
 		return fail(ExitUsage, "missing --name (see sqllock leader --help)")
 	}
-	if err := sqllock.ValidateKey(election.KeyPrefix + name); err != nil {
+	if err := sqllock.ValidateKey(election.KeyPrefix + f.name); err != nil {
 		return fail(ExitUsage, "--name: %v", err)
 	}
-	d, err := e.database(db)
+	s, err := e.open(ctx, f.db, openOptions{maxConns: 2, readOnly: true, client: func(*database) sqllock.Options { return sqllock.Options{} }})
 	if err != nil {
 		return err
 	}
-	b, err := e.openReadOnly(ctx, d, db, 2)
-	if err != nil {
-		return err
-	}
-	defer b.close()
-	client, err := sqllock.New(b, sqllock.Options{})
+	defer s.close()
+	el, err := election.New(s.client, election.Config{Name: f.name})
 	if err != nil {
 		return fail(ExitUsage, "%v", err)
 	}
-	defer func() { _ = client.Close(context.Background()) }()
-	el, err := election.New(client, election.Config{Name: name})
-	if err != nil {
-		return fail(ExitUsage, "%v", err)
-	}
-	lctx, cancel := d.opContext(ctx)
+	lctx, cancel := s.db.opContext(ctx)
 	term, err := el.Leader(lctx)
 	cancel()
-	leading := err == nil
 	if err != nil && !errors.Is(err, election.ErrNoLeader) {
-		return d.opError(err, db)
+		return s.db.opError(err, f.db)
 	}
+	if err := e.printLeader(f.name, term, err, f.asJSON); err != nil {
+		return err
+	}
+	if err != nil {
+		return silentExit(ExitTempFail) // no leader
+	}
+	return nil
+}
+
+// printLeader prints the term that Leader returned, or noLeader (an
+// ErrNoLeader).
+func (e *env) printLeader(name string, term election.Term, noLeader error, asJSON bool) error {
+	leading := noLeader == nil
 	if asJSON {
 		out := leaderJSON{Name: name, Leading: leading}
 		if leading {
 			out.Term, out.Leader = term.Token, term.Leader
 			dl := term.Deadline.UTC()
 			out.Deadline = &dl
-			if len(term.Value) > 0 {
-				out.ValueBase64 = term.Value
-				if utf8.Valid(term.Value) {
-					s := string(term.Value)
-					out.Value = &s
-				}
-			}
+			out.Value, out.ValueBase64 = jsonValue(term.Value)
 		} else {
-			out.Term = lastTerm(err)
+			out.Term = lastTerm(noLeader)
 		}
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
-			return err
-		}
-	} else if leading {
+		return enc.Encode(out)
+	}
+	if leading {
 		fmt.Fprintf(e.stdout, "leader of %q: %s, term %d, value %s, deadline %s (database clock)\n",
 			name, term.Leader, term.Token, valueText(term.Value), term.Deadline.UTC().Format(time.RFC3339Nano))
 	} else {
-		fmt.Fprintf(e.stdout, "no leader for %q (last term %d)\n", name, lastTerm(err))
-	}
-	if !leading {
-		return silentExit(ExitTempFail)
+		fmt.Fprintf(e.stdout, "no leader for %q (last term %d)\n", name, lastTerm(noLeader))
 	}
 	return nil
 }

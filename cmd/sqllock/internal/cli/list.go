@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -68,38 +69,62 @@ func valueText(v []byte) string {
 
 const maxValueWidth = 48
 
+// jsonValue is a value as list --json and leader --json show it: as text
+// when it is valid UTF-8 (else nil), and its bytes; both absent when there
+// is none.
+func jsonValue(v []byte) (*string, []byte) {
+	if len(v) == 0 {
+		return nil, nil
+	}
+	var text *string
+	if utf8.Valid(v) {
+		s := string(v)
+		text = &s
+	}
+	return text, v
+}
+
+// list lists the keys under prefix, the statement bounded as opContext
+// says.
+func (s *session) list(ctx context.Context, prefix string, db dbFlags) ([]sqllock.LockInfo, error) {
+	lctx, cancel := s.db.opContext(ctx)
+	defer cancel()
+	infos, err := s.backend.List(lctx, prefix)
+	if err != nil {
+		return nil, s.db.opError(err, db)
+	}
+	return infos, nil
+}
+
+// listFlags are list's flags.
+type listFlags struct {
+	db            dbFlags
+	prefix        string
+	asJSON, watch bool
+}
+
+func (f *listFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.prefix, "prefix", "", "list only keys starting with `prefix`")
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON instead of a table")
+	fs.BoolVar(&f.watch, "watch", false, "list again every second until interrupted (Ctrl-C); with --json, one array per line")
+}
+
 func cmdList(ctx context.Context, e *env, args []string) error {
-	var (
-		db     dbFlags
-		prefix string
-		asJSON bool
-		watch  bool
-	)
-	fs := e.flagSet("list", listUsage)
-	fs.StringVar(&prefix, "prefix", "", "list only keys starting with `prefix`")
-	fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	fs.BoolVar(&watch, "watch", false, "list again every second until interrupted (Ctrl-C); with --json, one array per line")
-	db.register(fs)
-	if err := e.parse(fs, args); err != nil {
+	var f listFlags
+	if err := e.parseFlags(e.flagSet("list", listUsage), &f.db, &f, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fail(ExitUsage, "unexpected argument %q (see sqllock list --help)", fs.Arg(0))
-	}
+	db, prefix, asJSON := f.db, f.prefix, f.asJSON
 	if err := sqllock.ValidatePrefix(prefix); err != nil {
 		return fail(ExitUsage, "--prefix: %v", err)
 	}
-	d, err := e.database(db)
+	s, err := e.open(ctx, db, openOptions{maxConns: 2, readOnly: true})
 	if err != nil {
 		return err
 	}
-	b, err := e.openReadOnly(ctx, d, db, 2)
-	if err != nil {
-		return err
-	}
-	defer b.close()
-	if !watch {
-		return e.listOnce(ctx, d, b, db, prefix, asJSON, false)
+	defer s.close()
+	if !f.watch {
+		return e.listOnce(ctx, s, db, prefix, asJSON, false)
 	}
 	// --watch: again every second until interrupted. A terminal is
 	// cleared before each list; elsewhere the lists follow each other.
@@ -110,7 +135,7 @@ func cmdList(ctx context.Context, e *env, args []string) error {
 		if clearScreen {
 			fmt.Fprint(e.stdout, "\033[H\033[2J")
 		}
-		err := e.listOnce(ctx, d, b, db, prefix, asJSON, true)
+		err := e.listOnce(ctx, s, db, prefix, asJSON, true)
 		switch {
 		case ctx.Err() != nil:
 			return nil // interrupted: the way to end --watch
@@ -133,25 +158,17 @@ const watchInterval = time.Second
 
 // listOnce prints the list once: a table (under a timestamp line when
 // watching), or a JSON array (on one line when watching).
-func (e *env) listOnce(ctx context.Context, d *database, b *backend, db dbFlags, prefix string, asJSON, watching bool) error {
-	lctx, cancel := d.opContext(ctx)
-	infos, err := b.List(lctx, prefix)
-	cancel()
+func (e *env) listOnce(ctx context.Context, s *session, db dbFlags, prefix string, asJSON, watching bool) error {
+	infos, err := s.list(ctx, prefix, db)
 	if err != nil {
-		return d.opError(err, db)
+		return err
 	}
 	if asJSON {
 		out := make([]lockJSON, 0, len(infos))
 		for _, in := range infos {
 			j := lockJSON{Key: in.Key, Held: in.Held, Owner: in.Owner, Token: in.Token,
 				Deadline: in.Deadline.UTC(), RemainingMS: in.Remaining.Milliseconds()}
-			if len(in.Value) > 0 {
-				j.ValueBase64 = in.Value
-				if utf8.Valid(in.Value) {
-					s := string(in.Value)
-					j.Value = &s
-				}
-			}
+			j.Value, j.ValueBase64 = jsonValue(in.Value)
 			out = append(out, j)
 		}
 		enc := json.NewEncoder(e.stdout)
@@ -161,7 +178,7 @@ func (e *env) listOnce(ctx context.Context, d *database, b *backend, db dbFlags,
 		return enc.Encode(out)
 	}
 	if watching {
-		fmt.Fprintf(e.stdout, "%s  %s (every %v; Ctrl-C to stop)\n", time.Now().Format(time.TimeOnly), d.display, watchInterval)
+		fmt.Fprintf(e.stdout, "%s  %s (every %v; Ctrl-C to stop)\n", time.Now().Format(time.TimeOnly), s.db.display, watchInterval)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tHELD\tOWNER\tTOKEN\tTIME LEFT\tVALUE")

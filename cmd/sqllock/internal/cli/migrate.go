@@ -2,7 +2,9 @@ package cli
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -38,16 +40,23 @@ Examples:
   sqllock migrate sql --dialect postgres --schema locks > locks.sql
 `
 
+// migrateFlags are migrate's flags.
+type migrateFlags struct {
+	db      dbFlags
+	force   bool
+	dialect string
+}
+
+func (f *migrateFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&f.force, "force", false, "allow down, which drops the token history")
+	fs.StringVar(&f.dialect, "dialect", "", "for sql: postgres or sqlite (default: from the database URL)")
+	f.db.register(fs)
+}
+
 func cmdMigrate(ctx context.Context, e *env, args []string) error {
-	var (
-		db      dbFlags
-		force   bool
-		dialect string
-	)
+	var f migrateFlags
 	fs := e.flagSet("migrate", migrateUsage)
-	fs.BoolVar(&force, "force", false, "allow down, which drops the token history")
-	fs.StringVar(&dialect, "dialect", "", "for sql: postgres or sqlite (default: from the database URL)")
-	db.register(fs)
+	f.register(fs)
 	// Accept flags before, between and after the words: migrate up
 	// --table x, migrate sql down --dialect postgres.
 	var words []string
@@ -64,34 +73,10 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 	if len(words) == 0 {
 		return fail(ExitUsage, "missing action: up, down, status or sql (see sqllock migrate --help)")
 	}
-	action, rest := words[0], words[1:]
+	action, rest, db := words[0], words[1:], f.db
 	opts := migrations.Options{Schema: db.schema, Table: db.table}
-
 	if action == "sql" {
-		direction := "up"
-		if len(rest) > 0 {
-			direction, rest = rest[0], rest[1:]
-		}
-		if len(rest) > 0 {
-			return fail(ExitUsage, "unexpected argument %q (see sqllock migrate --help)", rest[0])
-		}
-		d := migrations.Dialect(dialect)
-		if dialect == "" {
-			res, err := e.database(db)
-			if err != nil {
-				return err
-			}
-			d = res.dialect
-		}
-		if d != migrations.Postgres && d != migrations.SQLite {
-			return fail(ExitUsage, "--dialect %q: want postgres or sqlite", dialect)
-		}
-		out, err := migrations.SQL(d, opts, migrations.Direction(direction))
-		if err != nil {
-			return fail(ExitUsage, "%v", err)
-		}
-		_, err = fmt.Fprint(e.stdout, out)
-		return err
+		return e.migrateSQL(db, f.dialect, opts, rest)
 	}
 	if len(rest) > 0 {
 		return fail(ExitUsage, "unexpected argument %q (see sqllock migrate --help)", rest[0])
@@ -99,7 +84,7 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 	switch action {
 	case "up", "status":
 	case "down":
-		if !force {
+		if !f.force {
 			return fail(ExitUsage, "refusing to migrate down without --force: rolling back the first migration drops the lock table and discards the token history (fencing tokens restart at 1); add --force to uninstall")
 		}
 	default:
@@ -114,45 +99,96 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer closeDB()
+	m := migration{e: e, db: res, sqlDB: sqlDB, opts: opts}
 	switch action {
 	case "up":
-		// What is pending now is what Up applies (another process may
-		// apply it first; then this report claims it all the same).
-		var pending []string
-		if st, err := migrations.Status(ctx, res.dialect, sqlDB, opts); err == nil {
-			for _, m := range st {
-				if m.State == goose.StatePending {
-					pending = append(pending, fmt.Sprintf("version %d (%s)", m.Source.Version, filepath.Base(m.Source.Path)))
-				}
-			}
-		}
-		if err := migrations.Up(ctx, res.dialect, sqlDB, opts); err != nil {
-			return migrateError(err)
-		}
-		switch len(pending) {
-		case 0:
-			fmt.Fprintf(e.stdout, "lock table %s is up to date in %s; nothing to apply\n", tableName(opts), res.display)
-		case 1:
-			fmt.Fprintf(e.stdout, "applied 1 migration to lock table %s in %s: %s\n", tableName(opts), res.display, pending[0])
-		default:
-			fmt.Fprintf(e.stdout, "applied %d migrations to lock table %s in %s: %s\n", len(pending), tableName(opts), res.display, strings.Join(pending, ", "))
-		}
-		return nil
+		return m.up(ctx)
 	case "down":
-		if err := migrations.Down(ctx, res.dialect, sqlDB, opts); err != nil {
-			if errors.Is(err, goose.ErrNoNextVersion) {
-				return fail(ExitFailure, "nothing to roll back: no migration is applied in %s", res.display)
-			}
-			return migrateError(err)
-		}
-		fmt.Fprintf(e.stdout, "rolled back the latest migration of %s in %s\n", tableName(opts), res.display)
-		return nil
+		return m.down(ctx)
 	}
-	st, err := migrations.Status(ctx, res.dialect, sqlDB, opts)
+	return m.status(ctx)
+}
+
+// migrateSQL is "migrate sql [up|down]": it prints the SQL, and needs no
+// database.
+func (e *env) migrateSQL(db dbFlags, dialect string, opts migrations.Options, rest []string) error {
+	direction := "up"
+	if len(rest) > 0 {
+		direction, rest = rest[0], rest[1:]
+	}
+	if len(rest) > 0 {
+		return fail(ExitUsage, "unexpected argument %q (see sqllock migrate --help)", rest[0])
+	}
+	d := migrations.Dialect(dialect)
+	if dialect == "" {
+		res, err := e.database(db)
+		if err != nil {
+			return err
+		}
+		d = res.dialect
+	}
+	if d != migrations.Postgres && d != migrations.SQLite {
+		return fail(ExitUsage, "--dialect %q: want postgres or sqlite", dialect)
+	}
+	out, err := migrations.SQL(d, opts, migrations.Direction(direction))
+	if err != nil {
+		return fail(ExitUsage, "%v", err)
+	}
+	_, err = fmt.Fprint(e.stdout, out)
+	return err
+}
+
+// migration is an open database that migrate up, down or status works on.
+type migration struct {
+	e     *env
+	db    *database
+	sqlDB *sql.DB
+	opts  migrations.Options
+}
+
+func (m migration) up(ctx context.Context) error {
+	// What is pending now is what Up applies (another process may
+	// apply it first; then this report claims it all the same).
+	var pending []string
+	if st, err := migrations.Status(ctx, m.db.dialect, m.sqlDB, m.opts); err == nil {
+		for _, s := range st {
+			if s.State == goose.StatePending {
+				pending = append(pending, fmt.Sprintf("version %d (%s)", s.Source.Version, filepath.Base(s.Source.Path)))
+			}
+		}
+	}
+	if err := migrations.Up(ctx, m.db.dialect, m.sqlDB, m.opts); err != nil {
+		return migrateError(err)
+	}
+	out, table := m.e.stdout, tableName(m.opts)
+	switch len(pending) {
+	case 0:
+		fmt.Fprintf(out, "lock table %s is up to date in %s; nothing to apply\n", table, m.db.display)
+	case 1:
+		fmt.Fprintf(out, "applied 1 migration to lock table %s in %s: %s\n", table, m.db.display, pending[0])
+	default:
+		fmt.Fprintf(out, "applied %d migrations to lock table %s in %s: %s\n", len(pending), table, m.db.display, strings.Join(pending, ", "))
+	}
+	return nil
+}
+
+func (m migration) down(ctx context.Context) error {
+	if err := migrations.Down(ctx, m.db.dialect, m.sqlDB, m.opts); err != nil {
+		if errors.Is(err, goose.ErrNoNextVersion) {
+			return fail(ExitFailure, "nothing to roll back: no migration is applied in %s", m.db.display)
+		}
+		return migrateError(err)
+	}
+	fmt.Fprintf(m.e.stdout, "rolled back the latest migration of %s in %s\n", tableName(m.opts), m.db.display)
+	return nil
+}
+
+func (m migration) status(ctx context.Context) error {
+	st, err := migrations.Status(ctx, m.db.dialect, m.sqlDB, m.opts)
 	if err != nil {
 		return migrateError(err)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(m.e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "VERSION\tSTATE\tAPPLIED AT\tFILE\n")
 	for _, s := range st {
 		at := "-"

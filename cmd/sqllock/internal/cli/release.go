@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -31,45 +32,41 @@ Example:
   sqllock release --key nightly-report --force
 `
 
+// releaseFlags are release's flags.
+type releaseFlags struct {
+	db    dbFlags
+	key   string
+	force bool
+}
+
+func (f *releaseFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.key, "key", "", "the lock's `key` (required)")
+	fs.BoolVar(&f.force, "force", false, "really end the lease, whoever holds it")
+}
+
 func cmdRelease(ctx context.Context, e *env, args []string) error {
-	var (
-		db    dbFlags
-		key   string
-		force bool
-	)
-	fs := e.flagSet("release", releaseUsage)
-	fs.StringVar(&key, "key", "", "the lock's `key` (required)")
-	fs.BoolVar(&force, "force", false, "really end the lease, whoever holds it")
-	db.register(fs)
-	if err := e.parse(fs, args); err != nil {
+	var f releaseFlags
+	if err := e.parseFlags(e.flagSet("release", releaseUsage), &f.db, &f, args); err != nil {
 		return err
 	}
+	key := f.key
 	switch {
-	case fs.NArg() > 0:
-		return fail(ExitUsage, "unexpected argument %q (see sqllock release --help)", fs.Arg(0))
 	case key == "":
 		return fail(ExitUsage, "missing --key (see sqllock release --help)")
-	case !force:
+	case !f.force:
 		return fail(ExitUsage, "refusing to release %q without --force: it ends another process's lease, which learns of it only at its next renewal (its fencing token becomes stale); add --force if that is what you want", key)
 	}
 	if err := sqllock.ValidateKey(key); err != nil {
 		return fail(ExitUsage, "--key: %v", err)
 	}
-	d, err := e.database(db)
+	s, err := e.open(ctx, f.db, openOptions{maxConns: 2})
 	if err != nil {
 		return err
 	}
-	b, err := e.openBackend(ctx, d, db, 2)
+	defer s.close()
+	infos, err := s.list(ctx, key, f.db)
 	if err != nil {
 		return err
-	}
-	defer b.close()
-
-	lctx, cancel := d.opContext(ctx)
-	infos, err := b.List(lctx, key)
-	cancel()
-	if err != nil {
-		return d.opError(err, db)
 	}
 	var info *sqllock.LockInfo
 	for i := range infos {
@@ -79,7 +76,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	}
 	switch {
 	case info == nil:
-		return fail(ExitFailure, "no lock %q in %s (see sqllock list)", key, d.display)
+		return fail(ExitFailure, "no lock %q in %s (see sqllock list)", key, s.db.display)
 	case !info.Held:
 		fmt.Fprintf(e.stdout, "%q is not held (token %d, released or expired); nothing to release\n", key, info.Token)
 		return nil
@@ -87,8 +84,8 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 	// Token-scoped: this never ends a newer lease granted since the List.
 	// Under its own owner, so the holder's later Release reports the loss
 	// (and who released) instead of taking it for its own repeat.
-	rctx, cancel := d.opContext(ctx)
-	err = b.Release(rctx, sqllock.Lease{Key: key, Token: info.Token, Owner: forcedOwner()})
+	rctx, cancel := s.db.opContext(ctx)
+	err = s.backend.Release(rctx, sqllock.Lease{Key: key, Token: info.Token, Owner: forcedOwner()})
 	cancel()
 	var lost *sqllock.LostError
 	switch {
@@ -100,7 +97,7 @@ func cmdRelease(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "%q (token %d) was already %s; it is free\n", key, info.Token, lost.Reason)
 		return nil
 	default:
-		return d.opError(fmt.Errorf("release %q: %w", key, err), db)
+		return s.db.opError(fmt.Errorf("release %q: %w", key, err), f.db)
 	}
 	fmt.Fprintf(e.stdout, "released %q (token %d, held by %s); the next holder gets a larger token\n", key, info.Token, info.Owner)
 	return nil

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -133,27 +134,51 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	durationVar(fs, &f.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL when COMMAND is stopped")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", ExitTempFail, "exit status when the lock is not acquired (0 to 255), to tell it from a COMMAND that exits 75 itself")
 	fs.BoolVar(&e.quiet, "quiet", false, "with --wait, do not print who holds the key while waiting")
-	f.db.register(fs)
-	f.log.register(fs)
-	if err := e.parse(fs, args); err != nil {
+	err := e.parseCommandLine(fs, args, &f, "key", &f.key, func(k string) string { return k },
+		func() error { return checkCommandTTL(f.ttl, "lease") }, f.checkDurations,
+		func() error { return checkConflictCode(f.conflictCode) })
+	if err != nil {
 		return err
 	}
-	if err := f.log.setup(e); err != nil {
+
+	// Signals are ours from here on: during the acquire they end the wait;
+	// while COMMAND runs they are forwarded to it.
+	sigs := make(chan os.Signal, 8)
+	e.notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer e.stopNotify(sigs)
+
+	// --wait bounds everything before COMMAND starts: connecting included.
+	// Without --wait, the one attempt is bounded by the connect timeout
+	// (PostgreSQL; SQLite bounds its own waits).
+	start := time.Now()
+	openCtx, cancelOpen := ctx, context.CancelFunc(func() {})
+	if f.wait > 0 {
+		openCtx, cancelOpen = context.WithDeadline(ctx, start.Add(f.wait))
+	}
+	e.waitProgress = f.wait > 0
+	s, err := e.open(openCtx, f.db, openOptions{maxConns: 4, client: func(d *database) sqllock.Options {
+		return e.withWaitProgress(e.clientOptions(f.ttl, d))
+	}})
+	cancelOpen()
+	if err != nil {
 		return err
 	}
-	f.command = fs.Args()
-	switch {
-	case f.key == "":
-		return fail(ExitUsage, "missing --key (see sqllock run --help)")
-	case len(f.command) == 0:
-		return fail(ExitUsage, "missing the command to run after -- (see sqllock run --help)")
+	defer s.close()
+	if f.wait > 0 {
+		f.waitLeft = max(time.Until(start.Add(f.wait)), time.Millisecond)
+	} else if s.db.pg != nil {
+		f.attemptTimeout = s.db.pg.ConnConfig.ConnectTimeout
 	}
-	if err := sqllock.ValidateKey(f.key); err != nil {
-		return fail(ExitUsage, "--key: %v", err)
+	g, err := e.acquire(ctx, s.client, f, sigs)
+	if err != nil {
+		return s.db.opError(err, f.db)
 	}
-	if err := checkCommandTTL(f.ttl, "lease"); err != nil {
-		return err
-	}
+	return e.supervise(guardTenure(g, f.key), f, sigs)
+}
+
+// checkDurations checks run's durations: none negative, and a --max-hold
+// the Guard can keep.
+func (f *runFlags) checkDurations() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -165,54 +190,39 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	if f.maxHold > 0 && f.maxHold < sqllock.MinInterval {
 		return fail(ExitUsage, "--max-hold %s: must be 0 (none) or at least %s", fmtDuration(f.maxHold), fmtDuration(sqllock.MinInterval))
 	}
-	if err := checkConflictCode(f.conflictCode); err != nil {
-		return err
-	}
-	if err := f.resolveCommand(); err != nil {
-		return err
-	}
+	return nil
+}
 
-	// Signals are ours from here on: during the acquire they end the wait;
-	// while COMMAND runs they are forwarded to it.
-	sigs := make(chan os.Signal, 8)
-	e.notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer e.stopNotify(sigs)
-
-	d, err := e.database(f.db)
-	if err != nil {
+// parseCommandLine parses the flags of run or elect, which run COMMAND
+// under a lease, and checks them before any I/O: the flag keyFlag (its
+// value *given) names the lease's key, key(*given); checks follow, in
+// order, and COMMAND is looked up last.
+func (e *env) parseCommandLine(fs *flag.FlagSet, args []string, f *runFlags, keyFlag string, given *string, key func(string) string, checks ...func() error) error {
+	f.db.register(fs)
+	f.log.register(fs)
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	// --wait bounds everything before COMMAND starts: connecting included.
-	// Without --wait, the one attempt is bounded by the connect timeout
-	// (PostgreSQL; SQLite bounds its own waits).
-	start := time.Now()
-	openCtx, cancelOpen := ctx, context.CancelFunc(func() {})
-	if f.wait > 0 {
-		openCtx, cancelOpen = context.WithDeadline(ctx, start.Add(f.wait))
-	} else if d.pg != nil {
-		f.attemptTimeout = d.pg.ConnConfig.ConnectTimeout
-	}
-	e.waitProgress = f.wait > 0
-	b, err := e.openBackend(openCtx, d, f.db, 4)
-	cancelOpen()
-	if err != nil {
+	if err := f.log.setup(e); err != nil {
 		return err
 	}
-	if f.wait > 0 {
-		f.waitLeft = max(time.Until(start.Add(f.wait)), time.Millisecond)
+	f.command = fs.Args()
+	switch {
+	case *given == "":
+		return fail(ExitUsage, "missing --%s (see %s --help)", keyFlag, fs.Name())
+	case len(f.command) == 0:
+		return fail(ExitUsage, "missing the command to run after -- (see %s --help)", fs.Name())
 	}
-	defer b.close()
-	client, err := sqllock.New(b, e.withWaitProgress(e.clientOptions(f.ttl, d)))
-	if err != nil {
-		return fail(ExitUsage, "%v", err)
+	f.key = key(*given)
+	if err := sqllock.ValidateKey(f.key); err != nil {
+		return fail(ExitUsage, "--%s: %v", keyFlag, err)
 	}
-	defer func() { _ = client.Close(context.Background()) }()
-
-	g, err := e.acquire(ctx, client, f, sigs)
-	if err != nil {
-		return d.opError(err, f.db)
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return err
+		}
 	}
-	return e.supervise(guardTenure(g, f.key), f, sigs)
+	return f.resolveCommand()
 }
 
 // checkCommandTTL checks the --ttl of a lease (or term) that COMMAND runs
@@ -266,35 +276,7 @@ func signalNumber(sig os.Signal) int {
 // forwarded to COMMAND and must not end the lease under it.
 func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, sigs <-chan os.Signal) (*sqllock.Guard, error) {
 	lockCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	acquired := make(chan struct{})
-	watcherDone := make(chan struct{})
-	var attemptTimeout <-chan time.Time
-	if f.attemptTimeout > 0 {
-		t := time.NewTimer(f.attemptTimeout)
-		defer t.Stop()
-		attemptTimeout = t.C
-	}
-	go func() {
-		defer close(watcherDone)
-		select {
-		case <-acquired:
-		case <-attemptTimeout:
-			cancel(errAttemptTimeout{f.attemptTimeout})
-		case s := <-sigs:
-			cancel(signalExit{s})
-		case <-ctx.Done():
-			// main's NotifyContext also ends ctx on a signal; prefer the
-			// signal itself, which arrives at the same moment.
-			t := time.NewTimer(50 * time.Millisecond)
-			defer t.Stop()
-			select {
-			case s := <-sigs:
-				cancel(signalExit{s})
-			case <-t.C:
-				cancel(context.Cause(ctx))
-			}
-		}
-	}()
+	stopWatch := watchAcquire(ctx, cancel, f.attemptTimeout, sigs)
 	var (
 		g   *sqllock.Guard
 		err error
@@ -312,8 +294,7 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 		opts.Wait = f.waitLeft
 		g, err = client.Acquire(lockCtx, f.key, opts)
 	}
-	close(acquired)
-	<-watcherDone
+	stopWatch()
 	if cause := context.Cause(lockCtx); cause != nil {
 		// Interrupted: give the lease back, if the acquire won it.
 		if g != nil {
@@ -321,40 +302,102 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 			_ = g.Release(rctx)
 			cancelRelease()
 		}
-		var se signalExit
-		var te errAttemptTimeout
-		if errors.As(cause, &te) {
-			return nil, fail(ExitUnavailable, "acquire %q: no answer from the database within %v (--connect-timeout); not run", f.key, te.d)
-		}
-		if errors.As(cause, &se) {
-			return nil, fail(exitSignalBase+signalNumber(se.sig), "%v while acquiring %q; not run", se.sig, f.key)
-		}
-		return nil, fail(exitSignalBase+2, "interrupted while acquiring %q (%v); not run", f.key, cause)
+		return nil, interruptedAcquire(cause, f.key)
 	}
 	if err != nil {
-		var he *sqllock.HeldError
-		if errors.As(err, &he) {
-			msg := fmt.Sprintf("not acquired: %q is held", f.key)
-			if he.Owner != "" {
-				msg += fmt.Sprintf(" by %q (token %d) for %v more", he.Owner, he.Token, he.Remaining.Round(time.Millisecond))
-			}
-			if f.wait == 0 {
-				msg += "; use --wait DURATION to wait for it"
-			} else {
-				msg += fmt.Sprintf("; gave up after waiting %v", f.wait)
-			}
-			return nil, fail(f.conflictCode, "%s", msg)
-		}
-		if errors.Is(err, sqllock.ErrLeaseLost) {
-			// Granted, but over before it could be used: as not acquired.
-			return nil, fail(f.conflictCode, "acquire %q: the lease ended before %s could start (%v); not run", f.key, f.commandRaw, err)
-		}
-		if strings.Contains(err.Error(), fmt.Sprintf("acquire %q", f.key)) {
-			return nil, err // the backend named the operation already
-		}
-		return nil, fmt.Errorf("acquire %q: %w", f.key, err)
+		return nil, acquireError(err, f)
 	}
 	return g, nil
+}
+
+// watchAcquire ends an acquire, through cancel, on a signal, when ctx
+// ends, or when the attempt timeout (if any) passes; the function it
+// returns stops watching, once the acquire has returned.
+func watchAcquire(ctx context.Context, cancel context.CancelCauseFunc, timeout time.Duration, sigs <-chan os.Signal) func() {
+	acquired := make(chan struct{})
+	watcherDone := make(chan struct{})
+	var attemptTimeout <-chan time.Time
+	var t *time.Timer
+	if timeout > 0 {
+		t = time.NewTimer(timeout)
+		attemptTimeout = t.C
+	}
+	go func() {
+		defer close(watcherDone)
+		select {
+		case <-acquired:
+		case <-attemptTimeout:
+			cancel(errAttemptTimeout{timeout})
+		case s := <-sigs:
+			cancel(signalExit{s})
+		case <-ctx.Done():
+			if s := signalSoon(sigs); s != nil {
+				cancel(signalExit{s})
+			} else {
+				cancel(context.Cause(ctx))
+			}
+		}
+	}()
+	return func() {
+		close(acquired)
+		<-watcherDone
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
+
+// signalSoon is the signal that arrives within 50ms, or nil. main's
+// NotifyContext ends ctx on a signal too; the signal itself, which
+// arrives at the same moment, says more.
+func signalSoon(sigs <-chan os.Signal) os.Signal {
+	t := time.NewTimer(50 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case s := <-sigs:
+		return s
+	case <-t.C:
+		return nil
+	}
+}
+
+// interruptedAcquire is run's error for an acquire that cause ended.
+func interruptedAcquire(cause error, key string) error {
+	var se signalExit
+	var te errAttemptTimeout
+	if errors.As(cause, &te) {
+		return fail(ExitUnavailable, "acquire %q: no answer from the database within %v (--connect-timeout); not run", key, te.d)
+	}
+	if errors.As(cause, &se) {
+		return fail(exitSignalBase+signalNumber(se.sig), "%v while acquiring %q; not run", se.sig, key)
+	}
+	return fail(exitSignalBase+2, "interrupted while acquiring %q (%v); not run", key, cause)
+}
+
+// acquireError is run's error for an acquire that failed: not acquired
+// (--conflict-exit-code) with who holds the key, or what went wrong.
+func acquireError(err error, f runFlags) error {
+	var he *sqllock.HeldError
+	if errors.As(err, &he) {
+		msg := fmt.Sprintf("not acquired: %q is held", f.key)
+		if he.Owner != "" {
+			msg += fmt.Sprintf(" by %q (token %d) for %v more", he.Owner, he.Token, he.Remaining.Round(time.Millisecond))
+		}
+		if f.wait == 0 {
+			msg += "; use --wait DURATION to wait for it"
+		} else {
+			msg += fmt.Sprintf("; gave up after waiting %v", f.wait)
+		}
+		return fail(f.conflictCode, "%s", msg)
+	}
+	if errors.Is(err, sqllock.ErrLeaseLost) {
+		// Granted, but over before it could be used: as not acquired.
+		return fail(f.conflictCode, "acquire %q: the lease ended before %s could start (%v); not run", f.key, f.commandRaw, err)
+	}
+	if strings.Contains(err.Error(), fmt.Sprintf("acquire %q", f.key)) {
+		return err // the backend named the operation already
+	}
+	return fmt.Errorf("acquire %q: %w", f.key, err)
 }
 
 // tenure is what COMMAND runs under: a Guard's lease (run) or an election

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -215,17 +216,23 @@ func cmdExitcode(ts *testscript.TestScript, neg bool, args []string) {
 	}
 }
 
+// timeoutArg reads the "-timeout D" that may open the arguments of
+// command name (default 15s), and returns the rest.
+func timeoutArg(ts *testscript.TestScript, name string, args []string) (time.Duration, []string) {
+	if len(args) < 2 || args[0] != "-timeout" {
+		return 15 * time.Second, args
+	}
+	d, err := time.ParseDuration(args[1])
+	if err != nil {
+		ts.Fatalf("%s: %v", name, err)
+	}
+	return d, args[2:]
+}
+
 // waitfile [-timeout D] file [regexp]: waits until file exists (and its
 // content matches regexp), polling; fails after the timeout (default 15s).
 func cmdWaitfile(ts *testscript.TestScript, neg bool, args []string) {
-	timeout := 15 * time.Second
-	if len(args) >= 2 && args[0] == "-timeout" {
-		d, err := time.ParseDuration(args[1])
-		if err != nil {
-			ts.Fatalf("waitfile: %v", err)
-		}
-		timeout, args = d, args[2:]
-	}
+	timeout, args := timeoutArg(ts, "waitfile", args)
 	if neg || len(args) < 1 || len(args) > 2 {
 		ts.Fatalf("usage: waitfile [-timeout D] file [regexp]")
 	}
@@ -250,14 +257,7 @@ func cmdWaitfile(ts *testscript.TestScript, neg bool, args []string) {
 // gone [-timeout D] pidfile: waits until the process whose pid the file
 // holds no longer exists (or is a zombie of another parent).
 func cmdGone(ts *testscript.TestScript, neg bool, args []string) {
-	timeout := 15 * time.Second
-	if len(args) >= 2 && args[0] == "-timeout" {
-		d, err := time.ParseDuration(args[1])
-		if err != nil {
-			ts.Fatalf("gone: %v", err)
-		}
-		timeout, args = d, args[2:]
-	}
+	timeout, args := timeoutArg(ts, "gone", args)
 	if neg || len(args) != 1 {
 		ts.Fatalf("usage: gone [-timeout D] pidfile")
 	}
@@ -313,30 +313,43 @@ func cmdBlackhole(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 1 {
 		ts.Fatalf("usage: blackhole VAR")
 	}
+	serveLocal(ts, args[0], func(net.Conn) {}) // held open, never read or written
+}
+
+// serveLocal listens on a local TCP port until the script ends, hands each
+// connection to serve (on a goroutine of its own), and sets $name to its
+// host:port. The connections still open at the end are closed.
+func serveLocal(ts *testscript.TestScript, name string, serve func(net.Conn)) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	ts.Check(err)
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		var conns []net.Conn
-		defer func() {
-			for _, c := range conns {
-				_ = c.Close()
-			}
-		}()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			conns = append(conns, c) // held open, never read or written
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			go serve(c)
 		}
 	}()
 	ts.Defer(func() {
 		_ = ln.Close()
 		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
 	})
-	ts.Setenv(args[0], ln.Addr().String())
+	ts.Setenv(name, ln.Addr().String())
 }
 
 // sleep D: waits for the duration D.
@@ -416,42 +429,25 @@ func cmdRefusingPG(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 3 {
 		ts.Fatalf("usage: refusingpg VAR SQLSTATE MESSAGE")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	ts.Check(err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	serveLocal(ts, args[0], func(c net.Conn) {
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		b := pgproto3.NewBackend(c, c)
 		for {
-			c, err := ln.Accept()
+			m, err := b.ReceiveStartupMessage()
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				b := pgproto3.NewBackend(c, c)
-				for {
-					m, err := b.ReceiveStartupMessage()
-					if err != nil {
-						return
-					}
-					switch m.(type) {
-					case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
-						if _, err := c.Write([]byte("N")); err != nil {
-							return
-						}
-						continue
-					}
-					b.Send(&pgproto3.ErrorResponse{Severity: "FATAL", Code: args[1], Message: args[2]})
-					_ = b.Flush()
+			switch m.(type) {
+			case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
+				if _, err := c.Write([]byte("N")); err != nil {
 					return
 				}
-			}()
+				continue
+			}
+			b.Send(&pgproto3.ErrorResponse{Severity: "FATAL", Code: args[1], Message: args[2]})
+			_ = b.Flush()
+			return
 		}
-	}()
-	ts.Defer(func() {
-		_ = ln.Close()
-		<-done
 	})
-	ts.Setenv(args[0], ln.Addr().String())
 }
