@@ -244,7 +244,7 @@ func TestMinHoldRefusalWritesNothing(t *testing.T) {
 	require.False(t, r.granted)
 	require.True(t, r.held, "reported taken")
 	require.Equal(t, "holder", r.owner)
-	rows, err := tx.Query(ctx, b.acquireBatchSQL, []string{"hot"}, []int64{leaseMicros(time.Minute)}, []string{"w"},
+	rows, err := tx.Query(ctx, b.full.acquireBatch, []string{"hot"}, []int64{leaseMicros(time.Minute)}, []string{"w"},
 		[][]byte{nil}, []int64{holdMicros(time.Hour)})
 	require.NoError(t, err)
 	for rows.Next() {
@@ -261,6 +261,6 @@ func TestMinHoldRefusalWritesNothing(t *testing.T) {
 
 	records, bytes := planWAL(t, b, b.full.acquire, "hot", int64(60_000_000), "w", nil, holdMicros(time.Hour))
 	require.Zero(t, records, "a refused TryAcquire inside a min hold wrote WAL (%d bytes)", bytes)
-	records, bytes = planWAL(t, b, b.acquireBatchSQL, []string{"hot"}, []int64{60_000_000}, []string{"w"}, [][]byte{nil}, []int64{0})
+	records, bytes = planWAL(t, b, b.full.acquireBatch, []string{"hot"}, []int64{60_000_000}, []string{"w"}, [][]byte{nil}, []int64{0})
 	require.Zero(t, records, "a refused batch acquire inside a min hold wrote WAL (%d bytes)", bytes)
 }

@@ -54,7 +54,7 @@ func TestNew(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, `"Mixed"."select"`, b.table)
 	require.Contains(t, b.full.acquire, `INSERT INTO "Mixed"."select"`)
-	require.Contains(t, b.channelSQL, `'"Mixed"."select"'::regclass`)
+	require.Contains(t, b.full.channel, `'"Mixed"."select"'::regclass`)
 }
 
 func TestMicrosRoundsUp(t *testing.T) {

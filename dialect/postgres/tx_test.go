@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -48,7 +49,7 @@ func txRenew(t *testing.T, tx pgx.Tx, b *Backend, l sqllock.Lease, ttl time.Dura
 		deadline, now time.Time
 		token         int64
 	)
-	require.NoError(t, tx.QueryRow(testCtx(t), b.renewSQL, l.Key, l.Token, leaseMicros(ttl)).
+	require.NoError(t, tx.QueryRow(testCtx(t), b.full.renew, l.Key, l.Token, leaseMicros(ttl)).
 		Scan(&renewed, &deadline, &token, &held, &now))
 	return renewed, deadline
 }
@@ -63,7 +64,9 @@ func txRelease(t *testing.T, tx pgx.Tx, b *Backend, l sqllock.Lease) bool {
 		deadline, now         time.Time
 		owner                 string
 	)
-	require.NoError(t, tx.QueryRow(testCtx(t), b.stmts.Load().release, l.Key, l.Token, l.Owner).
+	st, err := b.statements(testCtx(t), outcome.Release, l.Key)
+	require.NoError(t, err)
+	require.NoError(t, tx.QueryRow(testCtx(t), st.release, l.Key, l.Token, l.Owner).
 		Scan(&released, &valid, &token, &held, &deadline, &owner, &now, &notified))
 	return released
 }
