@@ -20,8 +20,20 @@
 // commits only while a lease is held. A release notifies only when a waiter
 // marked the lease: while a key is watched, the first refused attempt of a
 // tenure sets the row's "waited" column (migration 00003), once; a
-// TryAcquire that does not wait never writes. On a table that lacks the
-// column the Backend falls back to notifying every release.
+// TryAcquire that does not wait never writes.
+//
+// # Schema versions
+//
+// The first statement reads the table's schema version (which of the
+// migrations' columns it has), in the round trip of the pooler check (see
+// Poolers), and the Backend keeps the statements for that version: a
+// Backend started before `sqllock migrate up` serves every request that
+// needs no missing column (without 00003's "waited" every release
+// notifies), refuses one that does (a value, a minimum hold) with
+// [sqllock.ErrSchemaMissing] before sending anything, and keeps doing so
+// until it is rebuilt after the migration. The statements are in
+// queries/*.sql; docs/postgres-statements.md says why each is shaped so,
+// and why the older versions are served (rolling upgrades).
 //
 // # Durability
 //

@@ -20,7 +20,7 @@ import (
 	"github.com/ashlock/ashlock/sqllock/backendtest"
 )
 
-// Tests of the client-side group commit (groupcommit.go). To make a batch
+// Tests of the client-side group commit (batch.go). To make a batch
 // on purpose, a test fills a queue's statements in flight (holdQueue), so
 // that calls queue, waits for them to be queued, and lets the queue go as
 // one batch (flushQueue), as the end of a statement in flight would.

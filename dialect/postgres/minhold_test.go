@@ -24,14 +24,14 @@ func goAcquireReq(ctx context.Context, b *Backend, req sqllock.AcquireRequest) c
 	return ch
 }
 
-// acquireBatch sends reqs as one acquireBatchSQL and returns their answers.
+// acquireBatch sends reqs as one acquire_batch.sql and returns their answers.
 func acquireBatch(t *testing.T, b *Backend, reqs ...sqllock.AcquireRequest) []acquireResult {
 	t.Helper()
 	ctx := testCtx(t)
 	return oneBatch(t, b.acquireQ, reqs, func(req sqllock.AcquireRequest) chan acquireResult { return goAcquireReq(ctx, b, req) })
 }
 
-// releaseBatch sends ls as one releaseBatchSQL and returns their answers.
+// releaseBatch sends ls as one release_batch.sql and returns their answers.
 func releaseBatch(t *testing.T, b *Backend, ls ...sqllock.Lease) []error {
 	t.Helper()
 	ctx := testCtx(t)

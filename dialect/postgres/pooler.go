@@ -176,8 +176,8 @@ func probePooler(ctx context.Context, conn *pgconn.PgConn, pool *pgxpool.Pool, a
 		q, want = q+";\n"+also, 2
 	}
 	results, err := conn.Exec(ctx, q).ReadAll()
-	if len(results) == want {
-		alsoRes = results[want-1]
+	if also != "" && len(results) == want {
+		alsoRes = results[1]
 	}
 	if len(results) == 0 || results[0].Err != nil {
 		return f, alsoRes, cmp.Or(err, fmt.Errorf("pooler probe: %d results", len(results)))

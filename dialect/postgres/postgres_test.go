@@ -361,8 +361,8 @@ func TestRefusedAcquireWALWhileRenewed(t *testing.T) {
 
 // TestSynchronousCommitPerStatement checks, inside a transaction, that
 // Release (and only Release) turns synchronous_commit off for its own
-// transaction (see releaseSQL for why a release needs no flush), and that
-// every grant (acquireSQL's insert and update arms) and renewal turns it on
+// transaction (see queries/release.sql for why a release needs no flush), and that
+// every grant (acquire.sql's insert and update arms) and renewal turns it on
 // from off (a session, role or database may have it off): each statement
 // runs in a transaction of its own that starts with the setting it must
 // change, so that none of them can pass on another's setting.

@@ -148,7 +148,11 @@ func (b *Backend) readVersion(ctx context.Context) (int, error) {
 	if len(res.Rows) != 1 || len(res.Rows[0]) != 1 {
 		return 0, fmt.Errorf("sqllock/postgres: schema version: unexpected result %q", res.Rows)
 	}
-	return strconv.Atoi(string(res.Rows[0][0]))
+	v, err := strconv.Atoi(string(res.Rows[0][0]))
+	if err == nil && (v < 2 || v > latest) {
+		err = fmt.Errorf("sqllock/postgres: schema version %d read", v)
+	}
+	return v, err
 }
 
 // lacks is the error of a request that needs a column st does not have

@@ -18,7 +18,7 @@ import (
 // exactly as the Backend binds them, and return what the Backend reads from
 // the row.
 
-// txAcquired is the row of acquireSQL.
+// txAcquired is the row of queries/acquire.sql.
 type txAcquired struct {
 	granted, held, changed bool
 	token                  int64
@@ -54,7 +54,7 @@ func txRenew(t *testing.T, tx pgx.Tx, b *Backend, l sqllock.Lease, ttl time.Dura
 	return renewed, deadline
 }
 
-// txRelease sends b's current releaseSQL for l on tx and returns whether
+// txRelease sends b's current release statement for l on tx and returns whether
 // it released.
 func txRelease(t *testing.T, tx pgx.Tx, b *Backend, l sqllock.Lease) bool {
 	t.Helper()
