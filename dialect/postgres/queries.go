@@ -105,7 +105,12 @@ func (b *Backend) statements(ctx context.Context, o outcome.Op, key string) (*st
 	version, err := b.readVersion(ctx)
 	if err != nil {
 		if _, refused := errors.AsType[*pgconn.PgError](err); !refused && !errors.Is(err, ErrPoolerSettings) {
-			err = notSentError{err} // the operation itself was not sent
+			// The operation itself was not sent; when the context ended,
+			// that is why.
+			if ctx.Err() != nil {
+				return nil, pg.NotSent(o, key, true, errors.Join(ctx.Err(), err))
+			}
+			err = notSentError{err}
 		}
 		return nil, b.translate(ctx, o, key, err)
 	}
