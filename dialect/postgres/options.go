@@ -52,7 +52,9 @@ type Options struct {
 	// are the same either way; see TryAcquire and Release.
 	DisableGroupCommit bool
 
-	// Logger receives the listener's connection problems. Nil discards.
+	// Logger receives the listener's connection problems, and the warning of
+	// a lock table at an older schema version (see Schema versions in the
+	// package doc). Nil discards.
 	Logger *slog.Logger
 }
 
