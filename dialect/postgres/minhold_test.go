@@ -169,8 +169,9 @@ func TestUpgradeToHoldUntil(t *testing.T) {
 	require.NoError(t, err)
 	defer old.Close()
 	coalesceAlways(old)
-	// The Backend's first statements are a batch (in the forms with every
-	// column): refused by the server, each is sent alone.
+	// The Backend's first calls meet as a batch: on a table below the
+	// latest schema version the batch statement (every column) is never
+	// sent, and each call goes alone.
 	res := acquireBatch(t, old,
 		sqllock.AcquireRequest{Key: "h", TTL: time.Minute, Owner: "o", MinHold: time.Hour},
 		sqllock.AcquireRequest{Key: "b", TTL: time.Minute, Owner: "o", Value: []byte("v")},
