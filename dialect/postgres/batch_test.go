@@ -26,7 +26,7 @@ func TestBatchRenewalIsDurable(t *testing.T) {
 	_, err = tx.Exec(ctx, "SET LOCAL synchronous_commit = off")
 	require.NoError(t, err)
 	// The Backend's own statement, bound as TryRenewBatch binds it.
-	rows, err := tx.Query(ctx, b.renewBatchSQL, []string{l1.Key, l2.Key}, []int64{l1.Token, l2.Token},
+	rows, err := tx.Query(ctx, b.full.renewBatch, []string{l1.Key, l2.Key}, []int64{l1.Token, l2.Token},
 		[]int64{leaseMicros(time.Minute), leaseMicros(time.Minute)})
 	require.NoError(t, err)
 	renewed := 0

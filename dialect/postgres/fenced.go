@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -37,18 +38,18 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return notSent(opFence, l.Key, err)
+		return pg.NotSent(outcome.Fence, l.Key, true, err)
 	}
 	// Take the connection explicitly: one that the server condemned
 	// (read-only after a failover, see unusable) is closed, not handed
 	// back for reuse.
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
-		return b.translate(ctx, opFence, l.Key, err)
+		return b.translate(ctx, outcome.Fence, l.Key, err)
 	}
 	if err := b.checkPooler(ctx, conn); err != nil {
 		conn.Release()
-		return b.translate(ctx, opFence, l.Key, err)
+		return b.translate(ctx, outcome.Fence, l.Key, err)
 	}
 	defer func() {
 		// After the rollback below (deferred later, run earlier).
@@ -59,7 +60,7 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 	}()
 	tx, err := conn.Begin(ctx)
 	if err != nil {
-		return b.translate(ctx, opFence, l.Key, err)
+		return b.translate(ctx, outcome.Fence, l.Key, err)
 	}
 	committed := false
 	defer func() {
@@ -77,8 +78,8 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 		current       int64
 		deadline, now time.Time
 	)
-	if err := tx.QueryRow(ctx, b.fenceSQL, l.Key, l.Token).Scan(&locked, &current, &held, &deadline, &now); err != nil {
-		return b.translate(ctx, opFence, l.Key, err)
+	if err := tx.QueryRow(ctx, b.full.fence, l.Key, l.Token).Scan(&locked, &current, &held, &deadline, &now); err != nil {
+		return b.translate(ctx, outcome.Fence, l.Key, err)
 	}
 	if !locked {
 		return lostReason(l, current, held, deadline, now)
@@ -89,12 +90,12 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 	committed = true // from here on Commit ends the transaction either way
 	clearWarning(conn.Conn().PgConn())
 	if err := tx.Commit(ctx); err != nil {
-		return b.translate(ctx, opCommit, l.Key, err)
+		return b.translate(ctx, outcome.Commit, l.Key, err)
 	}
 	// Committed, but maybe without waiting for the synchronous standbys
 	// (syncwait.go).
 	if err := unsettled(ctx, conn.Conn().PgConn()); err != nil {
-		return b.translate(ctx, opCommit, l.Key, err)
+		return b.translate(ctx, outcome.Commit, l.Key, err)
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/ashlock/ashlock/sqllock/backendtest"
 )
 
-// Tests of the client-side group commit (groupcommit.go). To make a batch
+// Tests of the client-side group commit (batch.go). To make a batch
 // on purpose, a test fills a queue's statements in flight (holdQueue), so
 // that calls queue, waits for them to be queued, and lets the queue go as
 // one batch (flushQueue), as the end of a statement in flight would.
@@ -455,7 +455,7 @@ func TestGroupCommitGrantsDurable(t *testing.T) {
 	defer tx.Rollback(ctx)
 	_, err = tx.Exec(ctx, "SET LOCAL synchronous_commit = off")
 	require.NoError(t, err)
-	rows, err := tx.Query(ctx, b.acquireBatchSQL, []string{"g1", "held", "g2"},
+	rows, err := tx.Query(ctx, b.full.acquireBatch, []string{"g1", "held", "g2"},
 		[]int64{leaseMicros(time.Minute), leaseMicros(time.Minute), leaseMicros(time.Minute)},
 		[]string{"o", "o", "o"}, [][]byte{nil, nil, []byte("v")}, []int64{0, 0, 0})
 	require.NoError(t, err)
@@ -757,7 +757,7 @@ func TestGroupCommitRefusalLocksNoRow(t *testing.T) {
 		for i := range keys {
 			micros[i], owners[i] = leaseMicros(time.Minute), "o"
 		}
-		rows, err := tx.Query(ctx, b.acquireBatchSQL, keys, micros, owners, values, holds)
+		rows, err := tx.Query(ctx, b.full.acquireBatch, keys, micros, owners, values, holds)
 		require.NoError(t, err)
 		granted := map[string]bool{}
 		for rows.Next() {
@@ -813,7 +813,7 @@ func TestGroupCommitReleaseNotifiesOnlyWhenWaited(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Release()
 	var channel string
-	require.NoError(t, conn.QueryRow(ctx, b.channelSQL).Scan(&channel))
+	require.NoError(t, conn.QueryRow(ctx, b.full.channel).Scan(&channel))
 	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
 	require.NoError(t, err)
 	defer conn.Exec(context.Background(), "UNLISTEN *")

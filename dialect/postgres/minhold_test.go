@@ -24,14 +24,14 @@ func goAcquireReq(ctx context.Context, b *Backend, req sqllock.AcquireRequest) c
 	return ch
 }
 
-// acquireBatch sends reqs as one acquireBatchSQL and returns their answers.
+// acquireBatch sends reqs as one acquire_batch.sql and returns their answers.
 func acquireBatch(t *testing.T, b *Backend, reqs ...sqllock.AcquireRequest) []acquireResult {
 	t.Helper()
 	ctx := testCtx(t)
 	return oneBatch(t, b.acquireQ, reqs, func(req sqllock.AcquireRequest) chan acquireResult { return goAcquireReq(ctx, b, req) })
 }
 
-// releaseBatch sends ls as one releaseBatchSQL and returns their answers.
+// releaseBatch sends ls as one release_batch.sql and returns their answers.
 func releaseBatch(t *testing.T, b *Backend, ls ...sqllock.Lease) []error {
 	t.Helper()
 	ctx := testCtx(t)
@@ -169,8 +169,9 @@ func TestUpgradeToHoldUntil(t *testing.T) {
 	require.NoError(t, err)
 	defer old.Close()
 	coalesceAlways(old)
-	// The Backend's first statements are a batch (in the forms with every
-	// column): refused by the server, each is sent alone.
+	// The Backend's first calls meet as a batch: on a table below the
+	// latest schema version the batch statement (every column) is never
+	// sent, and each call goes alone.
 	res := acquireBatch(t, old,
 		sqllock.AcquireRequest{Key: "h", TTL: time.Minute, Owner: "o", MinHold: time.Hour},
 		sqllock.AcquireRequest{Key: "b", TTL: time.Minute, Owner: "o", Value: []byte("v")},
@@ -244,7 +245,7 @@ func TestMinHoldRefusalWritesNothing(t *testing.T) {
 	require.False(t, r.granted)
 	require.True(t, r.held, "reported taken")
 	require.Equal(t, "holder", r.owner)
-	rows, err := tx.Query(ctx, b.acquireBatchSQL, []string{"hot"}, []int64{leaseMicros(time.Minute)}, []string{"w"},
+	rows, err := tx.Query(ctx, b.full.acquireBatch, []string{"hot"}, []int64{leaseMicros(time.Minute)}, []string{"w"},
 		[][]byte{nil}, []int64{holdMicros(time.Hour)})
 	require.NoError(t, err)
 	for rows.Next() {
@@ -261,6 +262,6 @@ func TestMinHoldRefusalWritesNothing(t *testing.T) {
 
 	records, bytes := planWAL(t, b, b.full.acquire, "hot", int64(60_000_000), "w", nil, holdMicros(time.Hour))
 	require.Zero(t, records, "a refused TryAcquire inside a min hold wrote WAL (%d bytes)", bytes)
-	records, bytes = planWAL(t, b, b.acquireBatchSQL, []string{"hot"}, []int64{60_000_000}, []string{"w"}, [][]byte{nil}, []int64{0})
+	records, bytes = planWAL(t, b, b.full.acquireBatch, []string{"hot"}, []int64{60_000_000}, []string{"w"}, [][]byte{nil}, []int64{0})
 	require.Zero(t, records, "a refused batch acquire inside a min hold wrote WAL (%d bytes)", bytes)
 }

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -98,34 +99,42 @@ const (
 // nothing: the statement then runs, and the next one checks again, up to
 // poolerProbeAttempts times.
 func (b *Backend) checkPooler(ctx context.Context, c *pgxpool.Conn) error {
+	_, err := b.checkPoolerWith(ctx, c, "")
+	return err
+}
+
+// checkPoolerWith is checkPooler, and when the check runs, it sends also (a
+// statement without parameters, or "") in the probe's first round trip and
+// returns its result; nil when the check did not run.
+func (b *Backend) checkPoolerWith(ctx context.Context, c *pgxpool.Conn, also string) (*pgconn.Result, error) {
 	if b.poolerCheck.done.Load() {
-		return b.poolerCheck.err
+		return nil, b.poolerCheck.err
 	}
 	if !b.poolerCheck.mu.TryLock() {
-		return nil
+		return nil, nil
 	}
 	defer b.poolerCheck.mu.Unlock()
 	if b.poolerCheck.done.Load() {
-		return b.poolerCheck.err
+		return nil, b.poolerCheck.err
 	}
 	b.poolerCheck.execMode = b.pool.Config().ConnConfig.DefaultQueryExecMode
 	if b.poolerCheck.execMode != pgx.QueryExecModeCacheStatement && !b.notify {
 		b.poolerCheck.done.Store(true)
-		return nil
+		return nil, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, poolerProbeTimeout)
 	defer cancel()
-	found, err := probePooler(pctx, c.Conn().PgConn(), b.pool)
+	found, res, err := probePooler(pctx, c.Conn().PgConn(), b.pool, also)
 	if err != nil {
 		b.poolerCheck.failures++
 		if b.poolerCheck.failures >= poolerProbeAttempts {
 			b.poolerCheck.done.Store(true)
 		}
-		return nil
+		return res, nil
 	}
 	b.poolerCheck.err = b.poolerError(found)
 	b.poolerCheck.done.Store(true)
-	return b.poolerCheck.err
+	return res, b.poolerCheck.err
 }
 
 // poolerFound is what probePooler found.
@@ -158,26 +167,30 @@ func (b *Backend) poolerError(f poolerFound) error {
 }
 
 // probePooler runs the probe described at checkPooler on conn (idle, out of
-// a transaction), taking a second connection from pool for a moment.
-func probePooler(ctx context.Context, conn *pgconn.PgConn, pool *pgxpool.Pool) (poolerFound, error) {
-	var f poolerFound
-	res := conn.Exec(ctx, "SELECT pg_backend_pid()")
-	results, err := res.ReadAll()
-	if err != nil {
-		return f, err
+// a transaction), taking a second connection from pool for a moment. The
+// first round trip also sends also, if not "", and returns its result
+// (with its error, if it failed) whatever the probe finds.
+func probePooler(ctx context.Context, conn *pgconn.PgConn, pool *pgxpool.Pool, also string) (f poolerFound, alsoRes *pgconn.Result, err error) {
+	q, want := "SELECT pg_backend_pid()", 1
+	if also != "" {
+		q, want = q+";\n"+also, 2
 	}
-	if len(results) != 1 {
-		return f, fmt.Errorf("pooler probe: %d results", len(results))
+	results, err := conn.Exec(ctx, q).ReadAll()
+	if also != "" && len(results) == want {
+		alsoRes = results[1]
+	}
+	if len(results) == 0 || results[0].Err != nil {
+		return f, alsoRes, cmp.Or(err, fmt.Errorf("pooler probe: %d results", len(results)))
 	}
 	if pid, err := onePID(results[0].Rows); err != nil || pid == conn.PID() {
-		return f, err // the server itself (or an error)
+		return f, alsoRes, err // the server itself (or an error)
 	}
 	f.pooler = true
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	name := "sqllock_pooler_probe_" + hex.EncodeToString(rnd[:])
 	if _, err := conn.Prepare(ctx, name, "SELECT pg_backend_pid()", nil); err != nil {
-		return f, err
+		return f, alsoRes, err
 	}
 	defer func() {
 		// Closing a statement the server connection does not have is no
@@ -190,19 +203,19 @@ func probePooler(ctx context.Context, conn *pgconn.PgConn, pool *pgxpool.Pool) (
 	if errors.Is(err, errNamedLost) {
 		// Lost between two round trips already.
 		f.transaction, f.namedLost = true, true
-		return f, nil
+		return f, alsoRes, nil
 	}
 	if err != nil {
-		return f, err
+		return f, alsoRes, err
 	}
 	other, err := pool.Acquire(ctx)
 	if err != nil {
-		return f, err
+		return f, alsoRes, err
 	}
 	defer other.Release()
 	tx, err := other.Begin(ctx)
 	if err != nil {
-		return f, err
+		return f, alsoRes, err
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -211,14 +224,14 @@ func probePooler(ctx context.Context, conn *pgconn.PgConn, pool *pgxpool.Pool) (
 	}()
 	var second uint32
 	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&second); err != nil {
-		return f, err
+		return f, alsoRes, err
 	}
 	again, err := prepared(ctx, conn, name)
 	switch {
 	case errors.Is(err, errNamedLost):
 		f.transaction, f.namedLost = true, true
 	case err != nil:
-		return f, err
+		return f, alsoRes, err
 	default:
 		f.transaction = second == first || again != first
 	}
@@ -227,7 +240,7 @@ func probePooler(ctx context.Context, conn *pgconn.PgConn, pool *pgxpool.Pool) (
 		// statement: drop it there.
 		_, _ = tx.Exec(ctx, "DEALLOCATE "+name, pgx.QueryExecModeSimpleProtocol)
 	}
-	return f, nil
+	return f, alsoRes, nil
 }
 
 // errNamedLost: the probe's named prepared statement was missing.

@@ -54,7 +54,7 @@ func TestNew(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, `"Mixed"."select"`, b.table)
 	require.Contains(t, b.full.acquire, `INSERT INTO "Mixed"."select"`)
-	require.Contains(t, b.channelSQL, `'"Mixed"."select"'::regclass`)
+	require.Contains(t, b.full.channel, `'"Mixed"."select"'::regclass`)
 }
 
 func TestMicrosRoundsUp(t *testing.T) {
@@ -361,8 +361,8 @@ func TestRefusedAcquireWALWhileRenewed(t *testing.T) {
 
 // TestSynchronousCommitPerStatement checks, inside a transaction, that
 // Release (and only Release) turns synchronous_commit off for its own
-// transaction (see releaseSQL for why a release needs no flush), and that
-// every grant (acquireSQL's insert and update arms) and renewal turns it on
+// transaction (see queries/release.sql for why a release needs no flush), and that
+// every grant (acquire.sql's insert and update arms) and renewal turns it on
 // from off (a session, role or database may have it off): each statement
 // runs in a transaction of its own that starts with the setting it must
 // change, so that none of them can pass on another's setting.

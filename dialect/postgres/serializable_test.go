@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -198,7 +199,7 @@ func TestConflictRetryContextEnds(t *testing.T) {
 	})
 	require.Equal(t, 3, sent)
 	require.EqualValues(t, 2, b.conflictRetries.Load())
-	err = b.translate(ctx, opAcquire, "k", err)
+	err = b.translate(ctx, outcome.Acquire, "k", err)
 	requireSentinel(t, err, sqllock.ErrUnavailable, "not applied before the context ended")
 	require.ErrorIs(t, err, context.Canceled)
 	require.NotErrorIs(t, err, sqllock.ErrIndeterminate)

@@ -2,8 +2,18 @@ package postgres
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
+	"strings"
+	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ashlock/ashlock/sqllock"
 
 	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/jackc/pgx/v5"
@@ -169,3 +179,85 @@ type notSentError struct{ err error }
 func (e notSentError) Error() string     { return e.err.Error() }
 func (e notSentError) Unwrap() error     { return e.err }
 func (e notSentError) SafeToRetry() bool { return true }
+
+// isConflict reports a statement that failed with a serialization failure
+// or a deadlock: the server rolled back its transaction, and sending it
+// again in a new one is safe.
+func isConflict(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+// unusable reports a server error after which the session must not be used
+// again: the server is read-only (25006: a hot standby, or a primary demoted
+// by a failover, while a new connection may reach the new primary), it is
+// shutting down or refusing sessions (class 57P: admin_shutdown,
+// crash_shutdown, cannot_connect_now, database_dropped,
+// idle_session_timeout), or the error is FATAL (the server ends the
+// session; pgx closes it by default, unless the application replaced
+// pgconn.Config.OnPgError).
+func unusable(err error) bool {
+	if err == nil {
+		return false
+	}
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	if !ok {
+		return false
+	}
+	severity := pgErr.SeverityUnlocalized // PostgreSQL >= 9.6
+	if severity == "" {
+		severity = pgErr.Severity
+	}
+	return pgErr.Code == "25006" || strings.HasPrefix(pgErr.Code, "57P") || severity == "FATAL" || severity == "PANIC"
+}
+
+// conflictError is the last error of a statement that kept failing with a
+// serialization failure or a deadlock (isConflict), after attempts
+// sendings, or that was not sent again because the context ended (ctxErr).
+type conflictError struct {
+	attempts int
+	err      error
+	ctxErr   error
+}
+
+// Error is the last error's: translatePg tells how many times it happened.
+func (e *conflictError) Error() string { return e.err.Error() }
+
+func (e *conflictError) Unwrap() []error {
+	if e.ctxErr != nil {
+		return []error{e.err, e.ctxErr}
+	}
+	return []error{e.err}
+}
+
+// conflict is the error of a statement that failed with a conflict (code
+// 40001 or 40P01), sent again as retryConflicts says: not applied.
+func conflict(prefix, code string, err error) error {
+	what := "a serialization failure"
+	if code == "40P01" {
+		what = "a deadlock"
+	}
+	ce, resent := errors.AsType[*conflictError](err)
+	switch {
+	case resent && ce.ctxErr != nil:
+		return fmt.Errorf("%s: %w: transaction conflict (%s, %d times), not applied before the context ended: %w",
+			prefix, sqllock.ErrUnavailable, what, ce.attempts, err)
+	case resent:
+		return fmt.Errorf("%s: %w: transaction conflict: the statement failed with %s each of the %d times it was sent "+
+			"(do sessions default to SERIALIZABLE or REPEATABLE READ isolation?), not applied: %w",
+			prefix, sqllock.ErrUnavailable, what, ce.attempts, err)
+	}
+	return fmt.Errorf("%s: %w: transaction conflict (%s), not applied: %w", prefix, sqllock.ErrUnavailable, what, err)
+}
+
+// isConnectionError reports a broken or closed connection (not a server
+// error).
+func isConnectionError(err error) bool {
+	if errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNREFUSED) {
+		return true
+	}
+	_, ok := errors.AsType[net.Error](err)
+	return ok
+}

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -17,7 +18,7 @@ import (
 // exactly as the Backend binds them, and return what the Backend reads from
 // the row.
 
-// txAcquired is the row of acquireSQL.
+// txAcquired is the row of queries/acquire.sql.
 type txAcquired struct {
 	granted, held, changed bool
 	token                  int64
@@ -48,12 +49,12 @@ func txRenew(t *testing.T, tx pgx.Tx, b *Backend, l sqllock.Lease, ttl time.Dura
 		deadline, now time.Time
 		token         int64
 	)
-	require.NoError(t, tx.QueryRow(testCtx(t), b.renewSQL, l.Key, l.Token, leaseMicros(ttl)).
+	require.NoError(t, tx.QueryRow(testCtx(t), b.full.renew, l.Key, l.Token, leaseMicros(ttl)).
 		Scan(&renewed, &deadline, &token, &held, &now))
 	return renewed, deadline
 }
 
-// txRelease sends b's current releaseSQL for l on tx and returns whether
+// txRelease sends b's current release statement for l on tx and returns whether
 // it released.
 func txRelease(t *testing.T, tx pgx.Tx, b *Backend, l sqllock.Lease) bool {
 	t.Helper()
@@ -63,7 +64,9 @@ func txRelease(t *testing.T, tx pgx.Tx, b *Backend, l sqllock.Lease) bool {
 		deadline, now         time.Time
 		owner                 string
 	)
-	require.NoError(t, tx.QueryRow(testCtx(t), b.stmts.Load().release, l.Key, l.Token, l.Owner).
+	st, err := b.statements(testCtx(t), outcome.Release, l.Key)
+	require.NoError(t, err)
+	require.NoError(t, tx.QueryRow(testCtx(t), st.release, l.Key, l.Token, l.Owner).
 		Scan(&released, &valid, &token, &held, &deadline, &owner, &now, &notified))
 	return released
 }

@@ -149,7 +149,7 @@ func TestReleaseNotifiesOnlyWhenWaited(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Release()
 	var channel string
-	require.NoError(t, conn.QueryRow(ctx, b.channelSQL).Scan(&channel))
+	require.NoError(t, conn.QueryRow(ctx, b.full.channel).Scan(&channel))
 	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
 	require.NoError(t, err)
 	defer conn.Exec(context.Background(), "UNLISTEN *")

@@ -53,7 +53,7 @@ func listening(t *testing.T, b *Backend, first <-chan struct{}, others ...<-chan
 
 // waiting makes the refused acquire attempt of a waiter on b, which
 // watches key: like a client's waiting Acquire, it marks the holder's lease
-// so that its release notifies (see acquireSQL).
+// so that its release notifies (see queries/acquire.sql).
 func waiting(t *testing.T, b *Backend, key string) {
 	t.Helper()
 	require.True(t, b.watched(key), "waiting(%q) without a watch", key)

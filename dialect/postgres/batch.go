@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,20 +11,97 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
+
+// TryRenewBatch implements [sqllock.BatchRenewer] in one statement and one
+// commit (see queries/renew_batch.sql), whatever the number of leases. A lease whose
+// row another transaction holds locked (a fenced transaction, a waiter's
+// mark) is not waited for: its result is a transient error, and the client
+// renews it on its own. A batch of unknown outcome (context ended or
+// connection broke in flight) is [sqllock.ErrUnavailable] for every
+// lease: repeating it is safe.
+func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+	if err := sqllock.ValidateRenewBatch(reqs); err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, pg.NotSent(outcome.Renew, reqs[0].Lease.Key, true, err)
+	}
+	// Each lease once, with the longest TTL asked for it.
+	type id struct {
+		key   string
+		token int64
+	}
+	at := make(map[id]int, len(reqs))
+	keys := make([]string, 0, len(reqs))
+	tokens := make([]int64, 0, len(reqs))
+	micros := make([]int64, 0, len(reqs))
+	for _, r := range reqs {
+		k := id{r.Lease.Key, r.Lease.Token}
+		m := leaseMicros(r.TTL)
+		if i, ok := at[k]; ok {
+			micros[i] = max(micros[i], m)
+			continue
+		}
+		at[k] = len(keys)
+		keys, tokens, micros = append(keys, k.key), append(tokens, k.token), append(micros, m)
+	}
+	type row struct {
+		renewed, held bool
+		current       int64
+		deadline, now time.Time
+	}
+	rows := make([]row, len(keys))
+	var key string
+	var token int64
+	var r row
+	err := b.queryRowsVia(ctx, sendOpts{aside: true}, b.full.renewBatch, []any{keys, tokens, micros},
+		[]any{&key, &token, &r.renewed, &r.deadline, &r.current, &r.held, &r.now}, func() error {
+			i, ok := at[id{key, token}]
+			if !ok {
+				return fmt.Errorf("sqllock/postgres: batch renewal returned an unknown lease %q token %d", key, token)
+			}
+			rows[i] = r
+			return nil
+		})
+	if err != nil {
+		return nil, b.translate(ctx, outcome.Renew, keys[0], err)
+	}
+	out := make([]sqllock.RenewResult, len(reqs))
+	for j, rq := range reqs {
+		l := rq.Lease
+		r := rows[at[id{l.Key, l.Token}]]
+		switch {
+		case r.now.IsZero():
+			out[j].Err = fmt.Errorf("%w: sqllock/postgres: batch renewal returned no row for %q token %d", sqllock.ErrUnavailable, l.Key, l.Token)
+		case r.renewed:
+			l.Deadline, l.BackendTime = r.deadline, r.now
+			out[j].Lease = l
+		case r.current == l.Token && r.held && r.deadline.After(r.now):
+			out[j].Err = fmt.Errorf("%w: sqllock/postgres: the row of %q was locked by another transaction; renew it alone", sqllock.ErrUnavailable, l.Key)
+		default:
+			out[j].Err = lostReason(l, r.current, r.held, r.deadline, r.now)
+		}
+	}
+	return out, nil
+}
 
 // Client-side group commit (issue 14): concurrent TryAcquire calls of one
 // Backend, and concurrent Release calls, are coalesced into one statement
 // and one commit per kind, so that many grants share one WAL flush.
 //
 // It never adds latency to a process that is not busy: a call is sent at
-// once, alone, with the ordinary single-key statement (acquireSQL,
-// releaseSQL), while fewer than groupCommitInFlight statements of its kind
+// once, alone, with the ordinary single-key statement (queries/acquire.sql,
+// queries/release.sql), while fewer than groupCommitInFlight statements of its kind
 // are in flight from this Backend. Only a call that arrives while that
 // many are in flight waits, in a queue; the sender of the next statement
 // of that kind to finish (single or batch) takes the queue and sends it as
-// one batch statement (acquireBatchSQL, releaseBatchSQL), and again until
+// one batch statement (acquire_batch.sql, release_batch.sql), and again until
 // the queue is empty. A queue of one call is sent with the single
 // statement: for one key the batch statement costs the server more (about
 // twice the single statement's execution) and saves no commit. An idle
@@ -42,7 +118,8 @@ import (
 // failing key could not abort the others' statements. Measured in the
 // bench module, section groupcommit.
 //
-// The rules a batch keeps (see acquireBatchSQL, releaseBatchSQL):
+// The rules a batch keeps (see queries/acquire_batch.sql and
+// queries/release_batch.sql):
 //   - one request per key in a batch: a second request for a key stays
 //     queued for a later batch;
 //   - rows locked in key order, and a row locked by another transaction
@@ -66,8 +143,7 @@ import (
 //     never coalesced: they mostly find the key held, commit nothing, and
 //     so gain nothing from a shared commit, and their mark commits
 //     asynchronously, which must never reach a transaction that grants;
-//   - on a table not yet migrated (the legacy statement forms) nothing is
-//     coalesced.
+//   - on a table not at the latest schema version nothing is coalesced.
 
 // groupCommitInFlight is how many statements of one kind (acquire, release)
 // a Backend sends concurrently before it queues further calls for a batch.
@@ -127,13 +203,13 @@ type gcQueue[Req, Res any] struct {
 	queue    []*gcMember[Req, Res] // in arrival order
 }
 
-// do runs one call: alone at once (single) while fewer than limit
-// statements are in flight, else queued for the next batch. notSentErr is
-// the error of a call whose context ends while it is queued (nothing was
-// sent), inFlightErr of one whose context ends while its batch is in
-// flight.
+// do runs one call of operation o: alone at once (single) while fewer than
+// limit statements are in flight, else queued for the next batch. A call
+// whose context ends while it is queued was not sent; one whose context
+// ends while its batch is in flight has the single statement's error for
+// that case.
 func (q *gcQueue[Req, Res]) do(ctx context.Context, key string, req Req, single func(context.Context) (Res, error),
-	notSentErr, inFlightErr func(error) error) (Res, error) {
+	o outcome.Op) (Res, error) {
 	q.mu.Lock()
 	if q.inFlight < q.limit {
 		q.inFlight++
@@ -158,14 +234,14 @@ func (q *gcQueue[Req, Res]) do(ctx context.Context, key string, req Req, single 
 				// Still queued: leave, and nothing of this call is sent.
 				q.queue = slices.DeleteFunc(q.queue, func(o *gcMember[Req, Res]) bool { return o == m })
 				q.mu.Unlock()
-				return zero, notSentErr(ctx.Err())
+				return zero, pg.NotSent(o, key, true, ctx.Err())
 			}
 			m.batch.live--
 			if m.batch.live == 0 {
 				m.batch.cancel()
 			}
 			q.mu.Unlock()
-			return zero, inFlightErr(ctx.Err())
+			return zero, pg.InFlight(o, key, true, ctx.Err())
 		}
 	}
 	if (m.err == errSentAlone || m.err == errAlone) && ctx.Err() != nil {
@@ -174,7 +250,7 @@ func (q *gcQueue[Req, Res]) do(ctx context.Context, key string, req Req, single 
 		if m.err == errSentAlone {
 			q.finished()
 		}
-		return zero, notSentErr(ctx.Err())
+		return zero, pg.NotSent(o, key, true, ctx.Err())
 	}
 	switch m.err {
 	case errSentAlone:
@@ -262,7 +338,7 @@ func (q *gcQueue[Req, Res]) take() (members []*gcMember[Req, Res], ctx context.C
 // with err: a statement the server refused was rolled back, and each
 // member is sent alone; otherwise (a reply lost, a commit not settled, no
 // connection) each member gets the error the single statement would give.
-func batchFailed[Req, Res any](ctx context.Context, b *Backend, o op, members []*gcMember[Req, Res], err error) {
+func batchFailed[Req, Res any](ctx context.Context, b *Backend, o outcome.Op, members []*gcMember[Req, Res], err error) {
 	_, refused := errors.AsType[*pgconn.PgError](err)
 	if _, unsettled := errors.AsType[*unsettledError](err); unsettled {
 		refused = false
@@ -279,15 +355,9 @@ func batchFailed[Req, Res any](ctx context.Context, b *Backend, o op, members []
 // acquireMember is a queued TryAcquire.
 type acquireMember = gcMember[sqllock.AcquireRequest, sqllock.Lease]
 
-// sendAcquires sends members (distinct keys) as one acquireBatchSQL.
+// sendAcquires sends members (distinct keys) as one acquire_batch.sql.
 func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
-	st := b.stmts.Load()
-	if st != b.full {
-		// The table lacks a column of the batch statement: alone, each
-		// gets the forms without it (withStatements).
-		for _, m := range members {
-			m.err = errAlone
-		}
+	if !batches(ctx, b, members) {
 		return
 	}
 	at := make(map[string]int, len(members))
@@ -307,7 +377,7 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 	got := make([]bool, len(members))
 	var key string
 	var r acquireRow
-	err := b.queryRows(ctx, b.acquireBatchSQL, []any{keys, micros, owners, values, holds},
+	err := b.queryRows(ctx, b.full.acquireBatch, []any{keys, micros, owners, values, holds},
 		[]any{&key, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.skipped, &r.value}, func() error {
 			i, ok := at[key]
 			if !ok {
@@ -318,7 +388,7 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 			return nil
 		})
 	if err != nil {
-		batchFailed(ctx, b, opAcquire, members, err)
+		batchFailed(ctx, b, outcome.Acquire, members, err)
 		return
 	}
 	for i, m := range members {
@@ -334,12 +404,9 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 // releaseMember is a queued Release.
 type releaseMember = gcMember[sqllock.Lease, struct{}]
 
-// sendReleases sends members (distinct keys) as one releaseBatchSQL.
+// sendReleases sends members (distinct keys) as one release_batch.sql.
 func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
-	if b.stmts.Load() != b.full {
-		for _, m := range members {
-			m.err = errAlone
-		}
+	if !batches(ctx, b, members) {
 		return
 	}
 	at := make(map[string]int, len(members))
@@ -360,7 +427,7 @@ func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 	got := make([]bool, len(members))
 	var key string
 	var r row
-	err := b.queryRowsVia(ctx, sendOpts{aside: true}, b.releaseBatchSQL, []any{keys, tokens, owners},
+	err := b.queryRowsVia(ctx, sendOpts{aside: true}, b.full.releaseBatch, []any{keys, tokens, owners},
 		[]any{&key, &r.released, &r.valid, &r.current, &r.held, &r.deadline, &r.owner, &r.now, &r.notified}, func() error {
 			i, ok := at[key]
 			if !ok {
@@ -370,7 +437,7 @@ func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 			return nil
 		})
 	if err != nil {
-		batchFailed(ctx, b, opRelease, members, err)
+		batchFailed(ctx, b, outcome.Release, members, err)
 		return
 	}
 	for i, m := range members {
@@ -396,55 +463,17 @@ func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 	}
 }
 
-// acquireRow is what acquireSQL (and acquireBatchSQL, per key) returns.
-type acquireRow struct {
-	granted, held, changed, skipped bool
-	token                           int64
-	deadline, now                   time.Time
-	owner                           string
-	value                           []byte // the holder's, on refusal
-}
-
-// acquired is TryAcquire's answer to req from its statement's row r.
-func acquired(req sqllock.AcquireRequest, r acquireRow) (sqllock.Lease, error) {
-	switch {
-	case r.granted:
-		return sqllock.Lease{
-			Key:         req.Key,
-			Token:       r.token,
-			Owner:       req.Owner,
-			Deadline:    r.deadline,
-			BackendTime: r.now,
-			Value:       nonEmpty(req.Value),
-		}, nil
-	case r.changed:
-		// Held in the snapshot, but the row changed (or was locked) before
-		// the waiter's mark could apply: most likely it was released, without
-		// a notification since it had no mark. Try again soon.
-		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key}
-	case r.held && r.deadline.After(r.now):
-		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key, Owner: r.owner, Token: r.token, Remaining: r.deadline.Sub(r.now), Value: nonEmpty(r.value)}
-	case r.token == math.MaxInt64:
-		return sqllock.Lease{}, fmt.Errorf("%w: %q reached token %d", sqllock.ErrTokenExhausted, req.Key, r.token)
-	default:
-		// The key had no row and a concurrent first insert won, or the row
-		// looked free in the statement's snapshot but a concurrent acquire
-		// took it first (the UPDATE re-checked the newer row and refused).
-		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key}
+// batches reports whether members can go as a batch: only at the latest
+// schema version (the batch statements use every column). Otherwise, or
+// when the version cannot be read, each member is sent alone (errAlone),
+// and gets the single statement's answer.
+func batches[Req, Res any](ctx context.Context, b *Backend, members []*gcMember[Req, Res]) bool {
+	st, err := b.statements(ctx, outcome.Acquire, members[0].key)
+	if err == nil && st.version == latest {
+		return true
 	}
-}
-
-// inFlightErr is the error of a queued call whose context ended while its
-// batch was in flight: as the single statement's (see translate).
-func inFlightErr(o op, key string) func(error) error {
-	return func(err error) error {
-		return fmt.Errorf("sqllock/postgres: %s %q: %w: the context ended while its batch was in flight, and it may have committed: %w",
-			o, key, sqllock.ErrIndeterminate, err)
+	for _, m := range members {
+		m.err = errAlone
 	}
-}
-
-// notSentErr is the error of a queued call whose context ended before its
-// batch was sent.
-func notSentErr(o op, key string) func(error) error {
-	return func(err error) error { return notSent(o, key, err) }
+	return false
 }

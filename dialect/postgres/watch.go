@@ -56,7 +56,7 @@ func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
 }
 
 // watched reports whether key has a watcher on this Backend, so that
-// TryAcquire sends the waiting form of its statement (see acquireSQL).
+// TryAcquire sends the waiting form of its statement (see queries/acquire.sql).
 // Without any watch it costs one atomic load.
 func (b *Backend) watched(key string) bool {
 	if b.watches.Load() == 0 {
@@ -148,7 +148,7 @@ func (l *listener) session() (listened bool, err error) {
 		l.mu.Unlock()
 	}()
 	var channel string
-	if err := conn.QueryRow(l.ctx, l.b.channelSQL).Scan(&channel); err != nil {
+	if err := conn.QueryRow(l.ctx, l.b.full.channel).Scan(&channel); err != nil {
 		return false, err
 	}
 	if _, err := conn.Exec(l.ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
