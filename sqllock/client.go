@@ -214,7 +214,7 @@ func (c *Client) wait(ctx context.Context, req AcquireRequest, s settings, wait 
 	var last error // the last attempt's error that says more than the context's
 	for attempt := 1; ; attempt++ {
 		// Each attempt is bounded by the TTL less the margin: a grant
-		// whose reply came later could not be used (newGuard refuses
+		// whose reply came later could not be used (hold refuses
 		// it), and an attempt that hangs (a dead connection, a stalled
 		// database) must not stall the wait until ctx ends. An attempt
 		// cut short is indeterminate: the next one, by the same owner,
@@ -309,17 +309,27 @@ func (c *Client) hold(parent context.Context, l Lease, sent time.Time, s setting
 	c.mu.Lock()
 	closed := c.closed
 	if !closed {
+		// Linked and scheduled under one hold of mu: a Close that comes
+		// between the two would release the Guard before it is scheduled,
+		// and the scheduler would then renew a released lease after Close.
 		c.link(g)
+		c.sched.add(g)
 	}
 	c.mu.Unlock()
+	if afterHold != nil && !closed {
+		afterHold(c)
+	}
 	if closed {
 		g.releaseUnshared(ErrClosed)
 		return nil, ErrClosed
 	}
-	c.sched.add(g)
 	c.watchParent(g)
 	return g, nil
 }
+
+// afterHold, when set (by tests only), runs in hold once the Client's mu
+// is released after linking the Guard: where a concurrent Close can come.
+var afterHold func(*Client)
 
 // try makes one acquire attempt. With settle set, an indeterminate outcome
 // is settled (see settle).
@@ -361,7 +371,7 @@ func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lea
 			return Lease{}, sent, errors.Join(context.Cause(ctx), fmt.Errorf("sqllock: acquire of %q settled and released after its context ended", req.Key))
 		case err2 == nil:
 			return l, sent, nil
-		case errors.Is(err2, ErrIndeterminate), errors.Is(err2, ErrUnavailable), anonymousHolder(err2):
+		case errors.Is(err2, ErrIndeterminate), errors.Is(err2, ErrUnavailable), anonymousHolder(err2), cutByContext(err2):
 			err = errors.Join(ErrIndeterminate, err2)
 		default:
 			return Lease{}, sent, err2 // settled: not ours (or a permanent error)
@@ -377,6 +387,14 @@ func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lea
 func anonymousHolder(err error) bool {
 	var he *HeldError
 	return errors.As(err, &he) && he.Owner == ""
+}
+
+// cutByContext reports a repeat that a context ended before it was
+// answered (not sent, or a read cut short) and that no holder refused: it
+// tells nothing of the lost attempt, which may still hold the key.
+func cutByContext(err error) bool {
+	var he *HeldError
+	return (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) && !errors.As(err, &he)
 }
 
 func (c *Client) releaseQuietly(ctx context.Context, l Lease) {

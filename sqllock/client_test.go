@@ -1119,3 +1119,61 @@ func TestAcquireWithoutWaitIsOneAttempt(t *testing.T) {
 		require.NoError(t, holder.Release(t.Context()))
 	})
 }
+
+// A Close that comes while an acquire hands its Guard out (linked to the
+// Client, not yet scheduled) releases it; the scheduler must not be armed
+// again after Close, nor renew the released lease. Not parallel: it sets
+// a package-wide hook.
+func TestCloseDuringHoldLeavesNothingScheduled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		sqllock.SetAfterHold(t, func(c *sqllock.Client) {
+			if c == tb.client {
+				require.NoError(t, c.Close(t.Context()))
+			}
+		})
+		g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		require.ErrorIs(t, g.Err(), sqllock.ErrReleased)
+		require.False(t, held(t, tb.mem, "k"), "Close released it")
+		require.False(t, sqllock.SchedulerArmed(tb.client), "the scheduler was armed after Close")
+		time.Sleep(2 * ttl)
+		require.Equal(t, 0, tb.b.n("renew"), "a released lease was renewed after Close")
+	})
+}
+
+// An indeterminate acquire whose repeat a context cuts short (not sent,
+// or its read cut) is not settled: the lost attempt may hold the key, and
+// the caller is told so.
+func TestIndeterminateNotSettledByCutRepeat(t *testing.T) {
+	t.Parallel()
+	for _, then := range []string{"unsettled", "settled"} {
+		t.Run(then, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tb := setup(t, sqllock.Options{})
+				var calls atomic.Int64
+				tb.b.acquire = func(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+					n := calls.Add(1)
+					switch {
+					case n == 1:
+						_, err := tb.mem.TryAcquire(ctx, req)
+						require.NoError(t, err)
+						return sqllock.Lease{}, sqllock.ErrIndeterminate // applied, reply lost
+					case then == "unsettled" || n == 2:
+						return sqllock.Lease{}, fmt.Errorf("not sent: %w", context.DeadlineExceeded)
+					}
+					return tb.mem.TryAcquire(ctx, req)
+				}
+				g, err := tb.client.TryAcquire(t.Context(), "k", nil)
+				if then == "unsettled" {
+					require.ErrorIs(t, err, sqllock.ErrIndeterminate)
+					require.True(t, held(t, tb.mem, "k"), "the lost attempt's grant")
+					return
+				}
+				require.NoError(t, err)
+				require.EqualValues(t, 1, g.Token(), "the repeat after the cut one got the grant back")
+				require.NoError(t, g.Release(t.Context()))
+			})
+		})
+	}
+}

@@ -14,3 +14,10 @@ func Watches(c *Client) (n int, idle bool) {
 	defer c.mu.Unlock()
 	return len(c.watches), c.idle != nil
 }
+
+// SetAfterHold makes f run inside the acquire once its Guard is linked
+// and scheduled, until the test ends.
+func SetAfterHold(t interface{ Cleanup(func()) }, f func(*Client)) {
+	afterHold = f
+	t.Cleanup(func() { afterHold = nil })
+}

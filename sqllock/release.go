@@ -99,7 +99,8 @@ func (g *Guard) release(ctx context.Context) error {
 // releaseBook is a Guard's release bookkeeping: the context of its first
 // Release call, kept here so that the common release allocates nothing
 // for it, and the release's result, which every later Release call
-// returns. mu guards its fields; it is never held together with the
+// returns. mu guards taken, done, err and ch (first belongs to the Release
+// that took it); it is never held together with the
 // Guard's mu.
 type releaseBook struct {
 	mu    sync.Mutex
