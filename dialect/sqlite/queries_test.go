@@ -21,6 +21,7 @@ var update = flag.Bool("update", false, "rewrite testdata/statements.sql from th
 func TestStatementsAsSent(t *testing.T) {
 	b := newBackend(nil, Options{Table: "sqllock_locks"}, false)
 	var got strings.Builder
+	files := map[string]bool{"new_tenure.sql": true, "grant.sql": true} // acquire's parts
 	for _, s := range []struct{ name, sql string }{
 		{"acquire", b.acquireSQL}, {"renew", b.renewSQL}, {"renew_batch", b.renewBatchSQL},
 		{"now", b.nowSQL}, {"release", b.releaseSQL}, {"peek", b.peekSQL},
@@ -28,6 +29,12 @@ func TestStatementsAsSent(t *testing.T) {
 	} {
 		require.NotContains(t, s.sql, "{{", "%s: a hole left unfilled", s.name)
 		got.WriteString("-- " + s.name + "\n" + s.sql + "\n\n")
+		files[s.name+".sql"] = true
+	}
+	for _, f := range queryTemplates.Templates() {
+		if strings.HasSuffix(f.Name(), ".sql") {
+			require.True(t, files[f.Name()], "queries/%s is not a statement a Backend renders", f.Name())
+		}
 	}
 	golden := filepath.Join("testdata", "statements.sql")
 	if *update {
