@@ -14,7 +14,6 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
 	"github.com/ashlock/ashlock/internal/outcome"
-	"github.com/ashlock/ashlock/internal/sqlident"
 	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
@@ -26,7 +25,7 @@ type Backend struct {
 	owned bool
 	table string // unquoted, for messages
 
-	// The statements, with the table and clock filled in.
+	// The statements, rendered once by renderQueries (queries.go).
 	acquireSQL, renewSQL, releaseSQL, peekSQL, listSQL, listFromSQL string
 	renewBatchSQL, nowSQL                                           string
 
@@ -178,20 +177,6 @@ func newBackend(db *sql.DB, o Options, owned bool) *Backend {
 	}
 	b.renderQueries(nowMS)
 	return b
-}
-
-// renderQueries fills in the statements with the table and now, the SQL
-// expression of the clock ([nowMS]; tests step it).
-func (b *Backend) renderQueries(now string) {
-	t := sqlident.QuoteSQLite(b.table)
-	b.acquireSQL = render(acquireSQL, t, now)
-	b.renewSQL = render(renewSQL, t, now)
-	b.renewBatchSQL = render(renewBatchSQL, t, now)
-	b.nowSQL = render(nowSQL, t, now)
-	b.releaseSQL = render(releaseSQL, t, now)
-	b.peekSQL = render(peekSQL, t, now)
-	b.listSQL = render(listSQL, t, now)
-	b.listFromSQL = render(listFromSQL, t, now)
 }
 
 // Close releases the prepared statements and, for a Backend from [Open],

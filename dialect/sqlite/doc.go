@@ -30,7 +30,8 @@
 // refused attempt returns the current row (holder, token, remaining time or
 // the reason of the loss) from the same statement and writes nothing.
 // Release is one statement unless the lease was already released or
-// superseded; then a read follows to tell which. See queries.go.
+// superseded; then a read follows to tell which. The statements are the
+// files of queries/ (why each has its shape: docs/sqlite-statements.md).
 //
 // # Busy database
 //

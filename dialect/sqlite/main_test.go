@@ -5,10 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"text/template"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ashlock/ashlock/internal/sqlident"
 	"github.com/ashlock/ashlock/internal/testkit/leakcheck"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -37,9 +39,21 @@ func openTest(t testing.TB, opts Options) (*Backend, string) {
 	return b, path
 }
 
-func execTest(t testing.TB, b sqllock.Backend, query string, args ...any) {
+// The tests' own statements, testdata/queries/*.sql, rendered by execTest
+// with the Backend's vocabulary (they may use the templates of queries/).
+var testTemplates = template.Must(template.Must(queryTemplates.Clone()).ParseGlob(filepath.Join("testdata", "queries", "*.sql")))
+
+const (
+	expireSQL   = "expire"    // testdata/queries/expire.sql
+	setTokenSQL = "set_token" // testdata/queries/set_token.sql
+)
+
+// execTest runs the test statement name (expireSQL, setTokenSQL) on b's
+// table.
+func execTest(t testing.TB, b sqllock.Backend, name string, args ...any) {
 	t.Helper()
 	sb := b.(*Backend)
-	_, err := sb.db.ExecContext(testCtx(t), render(query, `"`+sb.table+`"`, nowMS), args...)
+	query := fill(testTemplates, name, holes{Table: sqlident.QuoteSQLite(sb.table), Now: nowMS})
+	_, err := sb.db.ExecContext(testCtx(t), query, args...)
 	require.NoError(t, err)
 }

@@ -1,0 +1,18 @@
+{{- /*
+acquire: grants key ?1 to owner ?3 for ?2 ms (value ?4, NULL for none; min
+hold ?5 ms, 0 for none), or returns the row unchanged, written to itself so
+that a refusal writes nothing; the caller tells a grant from the returned
+row (held, owner ?3, deadline > now). The inserted row carries the key's
+current token, as migration 00002's trigger requires
+(docs/sqlite-statements.md#acquire).
+*/ -}}
+INSERT INTO {{.Table}} (key, token, held, deadline, owner, value, hold_until)
+VALUES (?1, coalesce((SELECT token FROM {{.Table}} WHERE key = ?1), 1), 1, {{.Now}} + max(?2, ?5), ?3, ?4, CASE WHEN ?5 > 0 THEN {{.Now}} + ?5 END)
+ON CONFLICT (key) DO UPDATE SET
+	token    = token + {{template "new_tenure" .}},
+	held     = CASE WHEN {{template "grant" .}} THEN 1 ELSE held END,
+	deadline = CASE WHEN {{template "grant" .}} THEN max(excluded.deadline, CASE WHEN owner = excluded.owner THEN coalesce(hold_until, 0) ELSE 0 END) ELSE deadline END,
+	hold_until = CASE WHEN {{template "grant" .}} AND owner <> excluded.owner THEN excluded.hold_until ELSE hold_until END,
+	owner    = CASE WHEN {{template "grant" .}} THEN excluded.owner ELSE owner END,
+	value    = CASE WHEN {{template "grant" .}} THEN excluded.value ELSE value END
+RETURNING token, held, deadline, owner, value, {{.Now}}, coalesce(hold_until > {{.Now}}, 0)

@@ -1,0 +1,4 @@
+{{- /*
+now: the database clock, read once for a batch renewal.
+*/ -}}
+SELECT {{.Now}}

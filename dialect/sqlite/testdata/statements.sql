@@ -1,0 +1,48 @@
+-- acquire
+INSERT INTO "sqllock_locks" (key, token, held, deadline, owner, value, hold_until)
+VALUES (?1, coalesce((SELECT token FROM "sqllock_locks" WHERE key = ?1), 1), 1, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + max(?2, ?5), ?3, ?4, CASE WHEN ?5 > 0 THEN CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + ?5 END)
+ON CONFLICT (key) DO UPDATE SET
+	token    = token + ((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807),
+	held     = CASE WHEN (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN 1 ELSE held END,
+	deadline = CASE WHEN (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN max(excluded.deadline, CASE WHEN owner = excluded.owner THEN coalesce(hold_until, 0) ELSE 0 END) ELSE deadline END,
+	hold_until = CASE WHEN (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) AND owner <> excluded.owner THEN excluded.hold_until ELSE hold_until END,
+	owner    = CASE WHEN (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN excluded.owner ELSE owner END,
+	value    = CASE WHEN (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN excluded.value ELSE value END
+RETURNING token, held, deadline, owner, value, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), coalesce(hold_until > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), 0)
+
+-- renew
+UPDATE "sqllock_locks" SET deadline = CASE
+	WHEN token = ?2 AND held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) THEN max(CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + ?3, coalesce(hold_until, 0))
+	ELSE deadline END
+WHERE key = ?1
+RETURNING token, held, deadline, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER)
+
+-- renew_batch
+UPDATE "sqllock_locks" AS l SET deadline = CASE
+	WHEN l.token = r.token AND l.held AND l.deadline > ?2 THEN max(l.deadline, ?2 + r.ms)
+	ELSE l.deadline END
+FROM (SELECT j.value ->> 0 AS key, j.value ->> 1 AS token, j.value ->> 2 AS ms FROM json_each(?1) AS j) AS r
+WHERE l.key = r.key
+RETURNING key, token, held, deadline
+
+-- now
+SELECT CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER)
+
+-- release
+UPDATE "sqllock_locks" SET held = 0, owner = ?3,
+	deadline   = CASE WHEN owner = ?3 AND hold_until > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) THEN hold_until ELSE deadline END,
+	hold_until = CASE WHEN owner = ?3 THEN hold_until END
+WHERE key = ?1 AND token = ?2 AND held
+RETURNING deadline, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER)
+
+-- peek
+SELECT token, held, deadline, owner, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) FROM "sqllock_locks" WHERE key = ?1
+
+-- list
+SELECT key, token, owner, (held OR coalesce(hold_until > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), 0)) AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), deadline, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), value
+FROM "sqllock_locks" WHERE key >= ?1 AND key < ?2 ORDER BY key
+
+-- list_from
+SELECT key, token, owner, (held OR coalesce(hold_until > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), 0)) AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), deadline, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), value
+FROM "sqllock_locks" WHERE key >= ?1 ORDER BY key
+
