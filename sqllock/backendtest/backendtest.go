@@ -51,6 +51,7 @@ func Run(t *testing.T, h Harness) {
 		{"MinHoldCrashKeepsLater", testMinHoldCrashKeepsLater},
 		{"MinHoldPassedReleasesAtOnce", testMinHoldPassedReleasesAtOnce},
 		{"MinHoldForcedRelease", testMinHoldForcedRelease},
+		{"MinHoldNewTenureSameOwner", testMinHoldNewTenureSameOwner},
 		{"BatchMixedOutcomes", testBatchMixedOutcomes},
 		{"BatchKeyTwice", testBatchKeyTwice},
 		{"BatchEmpty", testBatchEmpty},

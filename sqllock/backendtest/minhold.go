@@ -92,6 +92,21 @@ func testMinHoldCrashKeepsLater(t *testing.T, h Harness) {
 	}
 }
 
+// A new tenure of the same owner (its lease expired, its acquire sent
+// again) gets its own min hold, not the previous tenure's (none here):
+// the key stays held after its release until its own grant + MinHold.
+func testMinHoldNewTenureSameOwner(t *testing.T, h Harness) {
+	b := h.New(t)
+	first := acquire(t, b, "k", "o1")
+	h.Expire(t, b, "k")
+	l := acquireMinHold(t, b, "k", "o1", minHold)
+	if l.Token != first.Token+1 {
+		t.Fatalf("new tenure token %d, want %d", l.Token, first.Token+1)
+	}
+	release(t, b, l)
+	checkHeldUntil(t, b, l, "o1", "after the release of a new tenure of the same owner inside its min hold")
+}
+
 // A release after grant + MinHold releases at once.
 func testMinHoldPassedReleasesAtOnce(t *testing.T, h Harness) {
 	b := h.New(t)

@@ -12,7 +12,7 @@ ON CONFLICT (key) DO UPDATE SET
 	token    = token + {{template "new_tenure" .}},
 	held     = CASE WHEN {{template "grant" .}} THEN 1 ELSE held END,
 	deadline = CASE WHEN {{template "grant" .}} THEN max(excluded.deadline, CASE WHEN owner = excluded.owner THEN coalesce(hold_until, 0) ELSE 0 END) ELSE deadline END,
-	hold_until = CASE WHEN {{template "grant" .}} AND owner <> excluded.owner THEN excluded.hold_until ELSE hold_until END,
+	hold_until = CASE WHEN {{template "new_tenure" .}} THEN excluded.hold_until ELSE hold_until END,
 	owner    = CASE WHEN {{template "grant" .}} THEN excluded.owner ELSE owner END,
 	value    = CASE WHEN {{template "grant" .}} THEN excluded.value ELSE value END
 RETURNING token, held, deadline, owner, value, {{.Now}}, coalesce(hold_until > {{.Now}}, 0)
