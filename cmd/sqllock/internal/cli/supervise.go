@@ -271,6 +271,11 @@ func (e *env) reportTerm(s *supervised, t tenure, f runFlags, why string) {
 // supervisor reported it.
 func (e *env) commandOutcome(s *supervised, t tenure, f runFlags, lost *sqllock.LostError) error {
 	name := "sqllock " + t.cmd
+	if lost == nil && s.term == "overdue" {
+		if lost = t.overdueLoss(); lost != nil {
+			e.errorf("%s: lost the lease on %q (token %d): %s", name, t.key, t.token, lossReason(lost))
+		}
+	}
 	if e.log != nil {
 		e.log.Info(name+": command exited", "key", t.key, "token", t.token, "command", f.commandRaw, "status", s.code)
 	}
