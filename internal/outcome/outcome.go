@@ -114,12 +114,12 @@ func (d Dialect) InFlight(o Op, key string, ctxEnded bool, err error) error {
 	p := d.Prefix(o, key)
 	switch {
 	case ctxEnded && o.Indeterminate():
-		return fmt.Errorf("%s: %w: the context ended while the request was in flight, and it may have been applied: %w",
+		return fmt.Errorf("%s: %w: the context ended while the request was in flight, and it may have committed: %w",
 			p, sqllock.ErrIndeterminate, err)
 	case ctxEnded:
 		return fmt.Errorf("%s: %w: the context ended while the request was in flight: %w", p, sqllock.ErrUnavailable, err)
 	case o.Indeterminate():
-		return fmt.Errorf("%s: %w: %w: the connection failed after the request was sent, and it may have been applied: %w",
+		return fmt.Errorf("%s: %w: %w: the connection failed after the request was sent, and it may have committed: %w",
 			p, sqllock.ErrIndeterminate, sqllock.ErrUnavailable, err)
 	}
 	return fmt.Errorf("%s: %w: the connection failed: %w", p, sqllock.ErrUnavailable, err)
