@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"strconv"
+
+	"github.com/pressly/goose/v3/database"
 )
 
 // mariaDBLockTimeout is how long a MariaDB Up or Down waits for another
@@ -40,4 +42,33 @@ func (l mariaDBLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 func (l mariaDBLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
 	_, err := conn.ExecContext(ctx, `DO RELEASE_LOCK(CONCAT(?, '/', LEFT(MD5(COALESCE(DATABASE(), '')), 16)))`, l.name)
 	return err
+}
+
+// mariaDBStore is goose's MySQL store on the quoted version table, with a
+// TableExists of its own: goose's would look for the name with its
+// backticks, never find it, and fail the second Up creating the table
+// again.
+type mariaDBStore struct {
+	database.Store
+	table string // raw version table name
+}
+
+func newMariaDBStore(o Options) (*mariaDBStore, error) {
+	_, _, versionTable := o.quoted(MariaDB)
+	inner, err := database.NewStore(database.DialectMySQL, versionTable)
+	if err != nil {
+		return nil, err
+	}
+	return &mariaDBStore{Store: inner, table: o.table() + versionSuffix}, nil
+}
+
+// TableExists implements goose's optional table-existence check, in the
+// connection's database.
+func (s *mariaDBStore) TableExists(ctx context.Context, db database.DBTxConn) (bool, error) {
+	const q = `SELECT EXISTS (SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?)`
+	var exists bool
+	if err := db.QueryRowContext(ctx, q, s.table).Scan(&exists); err != nil {
+		return false, fmt.Errorf("check version table %s: %w", s.Tablename(), err)
+	}
+	return exists, nil
 }

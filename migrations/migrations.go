@@ -232,11 +232,15 @@ func NewProvider(d Dialect, db *sql.DB, o Options, opts ...goose.ProviderOption)
 	gooseDialect := goose.DialectSQLite3
 	switch d {
 	case MariaDB:
-		// goose's MySQL dialect, serialized across hosts by GET_LOCK on
-		// one pinned connection (mariaDBLocker).
-		_, _, versionTable := o.quoted(d)
-		gooseDialect = goose.DialectMySQL
-		base = append(base, goose.WithTableName(versionTable), goose.WithSessionLocker(mariaDBLocker{name: o.lockName()}))
+		// goose's MySQL store (with a TableExists that finds the quoted
+		// table), serialized across hosts by GET_LOCK on one pinned
+		// connection (mariaDBLocker).
+		store, err := newMariaDBStore(o)
+		if err != nil {
+			return nil, err
+		}
+		gooseDialect = goose.DialectCustom
+		base = append(base, goose.WithStore(store), goose.WithSessionLocker(mariaDBLocker{name: o.lockName()}))
 	case Postgres:
 		// goose polls for the lock every 5s by default; poll every second
 		// instead, for the same 5 minutes, so a waiting host is not idle long.
