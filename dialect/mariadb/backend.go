@@ -79,9 +79,7 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	b.releaseSQL = render(releaseSQL, t, nowSQL, wait)
 	b.listSQL = render(listSQL, t, nowSQL, wait)
 	b.listFromSQL = render(listFromSQL, t, nowSQL, wait)
-	b.fenceSQL = strings.TrimSpace(strings.ReplaceAll(strings.ReplaceAll(fenceSQL, "{{table}}", t), "{{now}}", nowSQL))
-	b.fenceSQL = strings.ReplaceAll(b.fenceSQL, "{{us {{now}}}}", "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "+nowSQL+")")
-	b.fenceSQL = strings.ReplaceAll(b.fenceSQL, "{{us deadline}}", "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', deadline)")
+	b.fenceSQL = renderBare(fenceSQL, t, nowSQL)
 	return b, nil
 }
 

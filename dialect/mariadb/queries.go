@@ -153,22 +153,31 @@ FROM {{table}} WHERE ` + "`key`" + ` >= ? AND ` + "`key`" + ` < ? ORDER BY ` + "
 SELECT ` + "`key`" + `, token, owner, (held OR COALESCE(hold_until > {{now}}, 0)) AND deadline > {{now}}, {{us deadline}}, {{us {{now}}}}, value
 FROM {{table}} WHERE ` + "`key`" + ` >= ? ORDER BY ` + "`key`"
 
-	// fenceSQL: ?1 key, ?2 token. Inside the caller's transaction: the row
+	// fenceSQL: ?1 token, ?2 key. Inside the caller's transaction: the row
 	// locked in share mode, so no grant, renewal or release can change it
 	// until the transaction ends, and 1 iff the lease is current, held
 	// and unexpired.
-	fenceSQL = `SELECT token = ? AND held AND deadline > {{now}}, token, held, {{us deadline}}, owner, {{us {{now}}}} FROM {{table}} WHERE ` + "`key`" + ` = ? LOCK IN SHARE MODE`
+	fenceSQL = `
+SELECT token = ? AND held AND deadline > {{now}}, token, held, {{us deadline}}, owner, {{us {{now}}}}
+FROM {{table}} WHERE ` + "`key`" + ` = ?
+LOCK IN SHARE MODE`
 )
 
 // render fills in a statement for the quoted table, the clock expression
-// now and the lock wait in seconds.
+// now and the lock wait in seconds, under stmtPrefix.
 func render(q, quotedTable, now, lockWait string) string {
+	return strings.ReplaceAll(stmtPrefix, "{{lockwait}}", lockWait) + renderBare(q, quotedTable, now)
+}
+
+// renderBare fills in a statement to run inside the caller's transaction
+// (no stmtPrefix: the transaction's own settings apply).
+func renderBare(q, quotedTable, now string) string {
 	q = strings.ReplaceAll(q, "{{free}}", freeSQL)
 	q = strings.ReplaceAll(q, "{{us {{now}}}}", "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "+now+")")
 	q = strings.ReplaceAll(q, "{{us deadline}}", "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', deadline)")
 	q = strings.ReplaceAll(q, "{{now}}", now)
 	q = strings.ReplaceAll(q, "{{table}}", quotedTable)
-	return strings.ReplaceAll(stmtPrefix, "{{lockwait}}", lockWait) + strings.TrimSpace(q)
+	return strings.TrimSpace(q)
 }
 
 // prefixEnd returns the smallest string greater than every string that

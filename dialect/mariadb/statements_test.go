@@ -1,0 +1,61 @@
+package mariadb
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// info is key's row as List reports it.
+func info(t *testing.T, b *Backend, key string) sqllock.LockInfo {
+	t.Helper()
+	is, err := b.List(testCtx(t), key)
+	require.NoError(t, err)
+	require.Len(t, is, 1)
+	return is[0]
+}
+
+// A stale holder's renewal changes nothing of the newer holder's row: its
+// deadline stays as the newer holder's own grant set it, in both forms.
+func TestStaleRenewChangesNothing(t *testing.T) {
+	b, db := newBackend(t)
+	old, err := b.TryAcquire(testCtx(t), acq("k"))
+	require.NoError(t, err)
+	expire(t, db, b, "k")
+	newer, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o2"})
+	require.NoError(t, err)
+	before := info(t, b, "k")
+
+	_, err = b.TryRenew(testCtx(t), old, time.Hour)
+	require.ErrorIs(t, err, sqllock.ErrLeaseLost)
+	require.Equal(t, before.Deadline, info(t, b, "k").Deadline, "a stale renewal moved the newer holder's deadline")
+
+	res, err := b.TryRenewBatch(testCtx(t), []sqllock.RenewRequest{{Lease: old, TTL: time.Hour}})
+	require.NoError(t, err)
+	require.ErrorIs(t, res[0].Err, sqllock.ErrLeaseLost)
+	require.Equal(t, before.Deadline, info(t, b, "k").Deadline, "a stale batch renewal moved the newer holder's deadline")
+	require.Equal(t, newer.Token, info(t, b, "k").Token)
+}
+
+// A holder's release inside its min hold keeps the key until the hold's
+// end, not until the (later) deadline of its TTL: a TTL longer than the
+// hold does not stretch the hold.
+func TestReleaseInsideMinHoldEndsAtTheHold(t *testing.T) {
+	b, _ := newBackend(t)
+	const hold = 300 * time.Millisecond
+	l, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o1", MinHold: hold})
+	require.NoError(t, err)
+	require.NoError(t, b.Release(testCtx(t), l))
+	i := info(t, b, "k")
+	require.True(t, i.Held, "held inside the min hold")
+	end := l.BackendTime.Add(hold)
+	require.False(t, i.Deadline.Before(end), "deadline %v before the hold's end %v", i.Deadline, end)
+	require.False(t, i.Deadline.After(end.Add(time.Millisecond)), "deadline %v: the release kept the TTL's deadline, not the hold's end %v", i.Deadline, end)
+	time.Sleep(2 * hold)
+	next, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o2"})
+	require.NoError(t, err, "free once the hold ended")
+	require.Equal(t, l.Token+1, next.Token)
+}
