@@ -31,6 +31,7 @@ type Backend struct {
 
 	// The statements, with the table, clock and lock wait filled in.
 	acquireSQL, renewSQL, renewBatchSQL, releaseSQL string
+	releaseHeldSQL                                  string
 	listSQL, listFromSQL, fenceSQL                  string
 
 	stmtMu sync.Mutex
@@ -38,6 +39,10 @@ type Backend struct {
 
 	closed    atomic.Bool
 	deadlocks atomic.Uint64
+
+	// rowRelease (tests) makes Release run releaseSQL alone, so that the
+	// conformance suite checks it as a release of its own.
+	rowRelease bool
 
 	signals wait.Signals
 }
@@ -77,6 +82,7 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	b.renewSQL = render(renewSQL, t, nowSQL, wait)
 	b.renewBatchSQL = render(renewBatchSQL, t, nowSQL, wait)
 	b.releaseSQL = render(releaseSQL, t, nowSQL, wait)
+	b.releaseHeldSQL = render(releaseHeldSQL, t, nowSQL, wait)
 	b.listSQL = render(listSQL, t, nowSQL, wait)
 	b.listFromSQL = render(listFromSQL, t, nowSQL, wait)
 	b.fenceSQL = renderBare(fenceSQL, t, nowSQL)
@@ -231,13 +237,43 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 		l.Key, token, held, deadline, now)
 }
 
-// Release implements [sqllock.Backend] with one statement (releaseSQL),
-// which also tells "released twice" by its owner (nil) from a release by
-// someone else, a newer token or an unknown one (a [*sqllock.LostError]).
+// Release implements [sqllock.Backend]: one statement (releaseHeldSQL)
+// when the lease was held and unexpired; otherwise one more (releaseSQL),
+// which clears an expired lease, and tells "released twice" by its owner
+// (nil) from a release by someone else, a newer token or an unknown one
+// (a [*sqllock.LostError]).
 func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err := sqllock.ValidateLease(l); err != nil {
 		return err
 	}
+	if b.rowRelease {
+		return b.releaseRow(ctx, l)
+	}
+	var n int64
+	err := b.run(ctx, outcome.Release, l.Key, func(ctx context.Context) error {
+		s, err := b.stmt(ctx, b.releaseHeldSQL)
+		if err != nil {
+			return err
+		}
+		res, err := s.ExecContext(ctx, l.Owner, l.Owner, l.Owner, l.Key, l.Token)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if n == 1 {
+		b.signals.Signal(l.Key)
+		return nil
+	}
+	return b.releaseRow(ctx, l)
+}
+
+// releaseRow is Release with releaseSQL alone.
+func (b *Backend) releaseRow(ctx context.Context, l sqllock.Lease) error {
 	var (
 		st               sqllock.KeyState
 		deadline, now    int64

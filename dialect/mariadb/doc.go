@@ -10,13 +10,18 @@
 // # Statements and round trips
 //
 // Every operation is one statement and one round trip, granted or refused,
-// renewed or lost: an INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING that
-// returns the row as the statement left it, so a refusal names the holder
-// and a loss its reason. MariaDB 10.11 has no UPDATE ... RETURNING, and an
-// UPDATE's reply does not carry LAST_INSERT_ID(expr) (it says 0 on 10.11),
-// so renew, release and the batch renewal are INSERT ... SELECT ... WHERE
-// EXISTS (the key's row) ... ON DUPLICATE KEY UPDATE ... RETURNING, which
-// never inserts (rows are never deleted). TryRenewBatch renews any number
+// renewed or lost, but for the release of a lease that was no longer held
+// and unexpired (two): acquire and renew are an INSERT ... ON DUPLICATE KEY
+// UPDATE ... RETURNING that returns the row as the statement left it, so a
+// refusal names the holder and a loss its reason. MariaDB 10.11 has no
+// UPDATE ... RETURNING, and an UPDATE's reply does not carry
+// LAST_INSERT_ID(expr) (it says 0 on 10.11), so renew and the batch
+// renewal are INSERT ... SELECT ... WHERE EXISTS (the key's row) ... ON
+// DUPLICATE KEY UPDATE ... RETURNING, which never inserts (rows are never
+// deleted). A release is a plain UPDATE of the held, unexpired lease, its
+// affected rows saying whether it cleared it; when it did not, a second
+// statement of the renewal's shape clears an expired lease and tells a
+// repeat by the owner from a loss. TryRenewBatch renews any number
 // of leases in one statement over JSON_TABLE. Each statement is prepared
 // once per pooled connection, so each later execution is one round trip
 // whatever the DSN's interpolateParams. queries.go says why each is shaped

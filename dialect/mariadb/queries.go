@@ -115,7 +115,30 @@ ON DUPLICATE KEY UPDATE
 		GREATEST(VALUES(deadline), COALESCE(hold_until, '1970-01-01')), deadline)
 RETURNING ` + "`key`" + `, token, held, {{us deadline}}, {{us {{now}}}}`
 
-	// releaseSQL: ?1 key, ?2 token, ?3 owner, ?4 key again. Clears held
+	// releaseHeldSQL: ?1 owner, ?2 the same, ?3 the same, ?4 key, ?5
+	// token. The common release, of a lease held and unexpired: a plain
+	// UPDATE, whose reply (an OK packet, no result set) says by its
+	// affected rows whether it cleared the lease: 1 iff the row held token
+	// ?5, held and unexpired (held changes from 1 to 0, so a match always
+	// changes the row; the driver's clientFoundRows does not matter). The
+	// assignments read only columns not yet assigned (see acquireSQL):
+	// deadline first (it reads owner and hold_until), owner last. A
+	// release by the holder itself before its hold_until (MinHold) keeps
+	// the key taken until then: the deadline becomes hold_until; another
+	// owner's (a forced release) clears hold_until. When it clears nothing
+	// (expired, released already, a newer token, no row), releaseSQL runs:
+	// one round trip more, on the rare path only.
+	releaseHeldSQL = `
+UPDATE {{table}} SET
+	deadline   = IF(owner = ? AND hold_until > {{now}}, hold_until, deadline),
+	hold_until = IF(owner = ?, hold_until, NULL),
+	held       = 0,
+	owner      = ?
+WHERE ` + "`key`" + ` = ? AND token = ? AND held AND deadline > {{now}}`
+
+	// releaseSQL: ?1 key, ?2 token, ?3 owner, ?4 key again. The release
+	// when releaseHeldSQL cleared nothing; on its own it is a complete
+	// release (the tests run it alone too). Clears held
 	// iff ?2 is the current token and held, and records ?3 as who
 	// released. A release by the holder itself before its hold_until
 	// (MinHold) keeps the key taken until then: the deadline becomes

@@ -43,8 +43,18 @@ func TestStaleRenewChangesNothing(t *testing.T) {
 // A holder's release inside its min hold keeps the key until the hold's
 // end, not until the (later) deadline of its TTL: a TTL longer than the
 // hold does not stretch the hold.
+// Both release statements: the common one, and releaseSQL alone.
 func TestReleaseInsideMinHoldEndsAtTheHold(t *testing.T) {
-	b, _ := newBackend(t)
+	for _, rowRelease := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Held", true: "Row"}[rowRelease], func(t *testing.T) {
+			b, _ := newBackend(t)
+			b.rowRelease = rowRelease
+			releaseInsideMinHold(t, b)
+		})
+	}
+}
+
+func releaseInsideMinHold(t *testing.T, b *Backend) {
 	const hold = 300 * time.Millisecond
 	l, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o1", MinHold: hold})
 	require.NoError(t, err)
