@@ -17,6 +17,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(stormEnv) != "" {
+		os.Exit(stormChild())
+	}
 	code := mariatest.Main(m)
 	os.Exit(leakcheck.Check(code))
 }
