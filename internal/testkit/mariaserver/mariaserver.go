@@ -90,7 +90,15 @@ func Start(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("mariaserver: %w", err)
 	}
 	s := &Server{Dir: dir, bin: bin, installDB: installDB}
-	cmd := exec.Command(installDB, "--no-defaults", "--datadir="+s.dataDir(),
+	// A temp dir of the server's own: concurrent mariadb-install-db runs
+	// sharing one failed now and then (ERROR 1051: Unknown table
+	// 'mysql.tmp_user_sys').
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("mariaserver: %w", err)
+	}
+	cmd := exec.Command(installDB, "--no-defaults", "--datadir="+s.dataDir(), "--tmpdir="+tmp,
 		"--auth-root-authentication-method=normal", "--skip-test-db", "--user="+runAs())
 	cmd.Env = cleanEnv()
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -112,6 +120,7 @@ func Start(opts Options) (*Server, error) {
 	s.args = append([]string{
 		"--no-defaults",
 		"--datadir=" + s.dataDir(),
+		"--tmpdir=" + tmp,
 		"--user=" + runAs(),
 		"--bind-address=127.0.0.1",
 		"--port=" + strconv.Itoa(port),
