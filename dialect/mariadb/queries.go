@@ -41,6 +41,10 @@ const (
 	// hold), bit 2 a grant (a new tenure, or the same owner's repeat while
 	// its grant lasts: same token, deadline extended); every later
 	// assignment reads LAST_INSERT_ID() and only columns not yet assigned.
+	// A new tenure takes its own min hold (hold_until from its own grant),
+	// whoever held the key before, the same owner too (its acquire repeated
+	// after its own lease expired); the same owner's repeat inside its grant
+	// keeps the tenure's hold_until and never moves its deadline before it.
 	// (Session variables would do the same on paper, but a RETURNING that
 	// reads one the session never set reads NULL: LAST_INSERT_ID() has a
 	// value in every session, and the insert path reads none.) The
@@ -61,8 +65,8 @@ VALUES (?, 1, 1, {{now}} + INTERVAL ? MICROSECOND, ?, ?, IF(? > 0, {{now}} + INT
 ON DUPLICATE KEY UPDATE
 	token      = token + IF(LAST_INSERT_ID({{free}} + 2 * ({{free}} OR (held AND deadline > {{now}} AND owner = VALUES(owner)))) & 1, 1, 0),
 	deadline   = IF(LAST_INSERT_ID() & 2,
-		GREATEST(VALUES(deadline), IF(owner = VALUES(owner), COALESCE(hold_until, VALUES(deadline)), VALUES(deadline))), deadline),
-	hold_until = IF(LAST_INSERT_ID() & 2 AND owner <> VALUES(owner), VALUES(hold_until), hold_until),
+		IF(LAST_INSERT_ID() & 1, VALUES(deadline), GREATEST(VALUES(deadline), COALESCE(hold_until, VALUES(deadline)))), deadline),
+	hold_until = IF(LAST_INSERT_ID() & 1, VALUES(hold_until), hold_until),
 	owner      = IF(LAST_INSERT_ID() & 2, VALUES(owner), owner),
 	value      = IF(LAST_INSERT_ID() & 2, VALUES(value), value),
 	held       = IF(LAST_INSERT_ID() & 2, 1, held)

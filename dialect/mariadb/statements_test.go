@@ -69,3 +69,24 @@ func releaseInsideMinHold(t *testing.T, b *Backend) {
 	require.NoError(t, err, "free once the hold ended")
 	require.Equal(t, l.Token+1, next.Token)
 }
+
+// A new tenure of the same owner (its acquire repeated after its own lease
+// expired) holds the key for its own min hold, counted from its own grant,
+// not for the hold of the tenure before.
+func TestNewTenureOfTheSameOwnerHasItsOwnMinHold(t *testing.T) {
+	b, db := newBackend(t)
+	req := sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o1", MinHold: time.Hour}
+	first, err := b.TryAcquire(testCtx(t), req)
+	require.NoError(t, err)
+	time.Sleep(10 * time.Millisecond)
+	expire(t, db, b, "k")
+	second, err := b.TryAcquire(testCtx(t), req)
+	require.NoError(t, err)
+	require.Equal(t, first.Token+1, second.Token, "a new tenure")
+	require.NoError(t, b.Release(testCtx(t), second))
+	i := info(t, b, "k")
+	require.True(t, i.Held, "held inside the second tenure's min hold")
+	require.False(t, i.Deadline.Before(second.BackendTime.Add(time.Hour)),
+		"deadline %v: the release kept the first tenure's hold (%v), not the second's (%v)",
+		i.Deadline, first.BackendTime.Add(time.Hour), second.BackendTime.Add(time.Hour))
+}
