@@ -2,9 +2,12 @@ package mariadb
 
 import (
 	"database/sql"
+	"hash/crc64"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -120,4 +123,33 @@ func TestTokenExhaustionWithoutStrictMode(t *testing.T) {
 	i, err := b.List(testCtx(t), "k")
 	require.NoError(t, err)
 	require.False(t, i[0].Held, "nothing granted at the end of the token space")
+}
+
+// Up waits while another host's migration holds the table's named lock
+// (GET_LOCK, per table and database), and goes on once it is released.
+func TestMigrationsWaitForTheNamedLock(t *testing.T) {
+	s := mariatest.Server(t)
+	name := mariatest.Database(t, s)
+	holder := mariatest.Open(t, s.Addr, name)
+	conn, err := holder.Conn(testCtx(t))
+	require.NoError(t, err)
+	defer conn.Close()
+	// The name package migrations derives for the default table.
+	id := int64(crc64.Checksum([]byte("ashlock/migrations\x00\x00"+migrations.DefaultTable), crc64.MakeTable(crc64.ECMA)))
+	lock := "ashlock/migrations/" + strconv.FormatInt(id, 16)
+	var got int
+	require.NoError(t, conn.QueryRowContext(testCtx(t), "SELECT GET_LOCK(CONCAT(?, '/', LEFT(MD5(DATABASE()), 16)), 5)", lock).Scan(&got))
+	require.Equal(t, 1, got)
+
+	done := make(chan error, 1)
+	db := mariatest.Open(t, s.Addr, name)
+	go func() { done <- migrations.Up(testCtx(t), migrations.MariaDB, db, migrations.Options{}) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Up ran while another migration held the lock: %v", err)
+	case <-time.After(time.Second):
+	}
+	_, err = conn.ExecContext(testCtx(t), "DO RELEASE_LOCK(CONCAT(?, '/', LEFT(MD5(DATABASE()), 16)))", lock)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
 }
