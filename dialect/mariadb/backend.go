@@ -24,6 +24,11 @@ const nowSQL = `UTC_TIMESTAMP(6)`
 // not MariaDB 10.6 or later (MySQL has no INSERT ... RETURNING).
 var ErrUnsupportedServer = errors.New("sqllock/mariadb: MariaDB 10.6 or later required")
 
+// ErrNotDurable is matched by [New]'s error for a server that does not
+// write its log to disk at every commit (innodb_flush_log_at_trx_commit
+// other than 1), unless [Options.AllowNonDurable].
+var ErrNotDurable = errors.New("sqllock/mariadb: the server does not flush its log at every commit (innodb_flush_log_at_trx_commit is not 1)")
+
 // Backend is the MariaDB [sqllock.Backend]. It is safe for concurrent use.
 type Backend struct {
 	db    *sql.DB
@@ -57,8 +62,9 @@ var (
 // never closes. It applies no migrations: create the table first (package
 // migrations with migrations.MariaDB, or `sqllock migrate up`); until then
 // operations fail with [sqllock.ErrSchemaMissing]. It reads the server's
-// version once and refuses a server that is not MariaDB 10.6 or later
-// ([ErrUnsupportedServer]).
+// version and durability once and refuses a server that is not MariaDB
+// 10.6 or later ([ErrUnsupportedServer]), or one that does not flush its
+// log at every commit unless told to accept it ([ErrNotDurable]).
 func New(db *sql.DB, opts Options) (*Backend, error) {
 	if db == nil {
 		return nil, errors.New("sqllock/mariadb: New: nil *sql.DB")
@@ -69,12 +75,18 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var version string
-	if err := db.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
+	var (
+		version string
+		flush   int
+	)
+	if err := db.QueryRowContext(ctx, `SELECT VERSION(), @@GLOBAL.innodb_flush_log_at_trx_commit`).Scan(&version, &flush); err != nil {
 		return nil, fmt.Errorf("sqllock/mariadb: New: %w", classify(ctx, outcome.List, "", err))
 	}
 	if err := checkVersion(version); err != nil {
 		return nil, err
+	}
+	if flush != 1 && !o.AllowNonDurable {
+		return nil, fmt.Errorf("%w: it is %d (set Options.AllowNonDurable to accept grants a machine crash can lose)", ErrNotDurable, flush)
 	}
 	b := &Backend{db: db, table: o.Table, stmts: make(map[string]*sql.Stmt)}
 	t, wait := sqlident.QuoteMariaDB(o.Table), o.lockWaitSeconds()

@@ -50,10 +50,11 @@
 // statement's wait for a row lock is [Options.LockWait] (SET STATEMENT
 // innodb_lock_wait_timeout). A statement InnoDB rolls back as a deadlock's
 // victim (1213) applied nothing and is repeated. A grant is durable when
-// the server commits durably: keep innodb_flush_log_at_trx_commit=1 (the
+// the server commits durably: innodb_flush_log_at_trx_commit=1 (the
 // default); with 0 or 2 a crash of the server's machine (not only of
 // mariadbd) can lose the last second of commits, and a token reported may
-// be handed out again.
+// be handed out again, so [New] refuses such a server ([ErrNotDurable])
+// unless [Options.AllowNonDurable].
 //
 // # Tokens never go back
 //

@@ -29,6 +29,15 @@ type Options struct {
 	// innodb_lock_wait_timeout for each statement, in whole seconds
 	// (rounded up), from 1s to 1h. Zero means [DefaultLockWait].
 	LockWait time.Duration
+
+	// AllowNonDurable lets [New] accept a server whose
+	// innodb_flush_log_at_trx_commit is not 1. With 0 or 2 InnoDB writes
+	// its log to disk about once a second, so a crash of the server's
+	// machine (not of mariadbd alone) can lose the last second of grants
+	// after they were reported, and a token can then be handed out twice.
+	// Without it, New refuses such a server with [ErrNotDurable]. New reads
+	// the setting once: a later SET GLOBAL goes unseen.
+	AllowNonDurable bool
 }
 
 // resolve returns o with the defaults filled in, validated.

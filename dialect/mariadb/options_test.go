@@ -6,8 +6,22 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ashlock/ashlock/dialect/mariadb/internal/mariatest"
+	"github.com/ashlock/ashlock/internal/testkit/mariaserver"
 	"github.com/ashlock/ashlock/migrations"
 )
+
+// A server that does not flush its log at every commit can lose reported
+// grants in a machine crash: New refuses it unless told otherwise.
+func TestNewRefusesNonDurableServer(t *testing.T) {
+	s := mariatest.Dedicated(t, mariaserver.Options{Durable: false})
+	db := mariatest.Open(t, s.Addr, "mysql")
+	_, err := New(db, Options{})
+	require.ErrorIs(t, err, ErrNotDurable)
+	b, err := New(db, Options{AllowNonDurable: true})
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+}
 
 // MySQL (no RETURNING) and MariaDB before 10.6 (no JSON_TABLE) are refused.
 func TestCheckVersion(t *testing.T) {

@@ -64,7 +64,8 @@ func Server(t testing.TB) *mariaserver.Server {
 	if !shared.done {
 		shared.done = true
 		begin := time.Now()
-		s, err := mariaserver.Start(mariaserver.Options{})
+		// Durable, as the backend requires by default.
+		s, err := mariaserver.Start(mariaserver.Options{Durable: true})
 		if err != nil {
 			shared.missing = err.Error()
 		} else {
