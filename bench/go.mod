@@ -6,10 +6,15 @@ replace github.com/ashlock/ashlock => ../
 
 require (
 	cirello.io/pglock v1.16.1
-	github.com/ashlock/ashlock v0.0.0-00010101000000-000000000000
+	github.com/ashlock/ashlock v0.1.0
 	github.com/ashlock/ashlock/dialect/etcd v0.0.0-00010101000000-000000000000
+	github.com/ashlock/ashlock/dialect/mariadb v0.0.0-00010101000000-000000000000
+	github.com/bsm/redislock v0.9.4
+	github.com/go-redsync/redsync/v4 v4.18.1
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/lib/pq v1.10.9
+	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.uber.org/zap v1.27.1
 	gonum.org/v1/plot v0.17.0
@@ -19,14 +24,13 @@ require (
 	codeberg.org/go-fonts/liberation v0.5.0 // indirect
 	codeberg.org/go-latex/latex v0.2.0 // indirect
 	codeberg.org/go-pdf/fpdf v0.11.1 // indirect
+	filippo.io/edwards25519 v1.2.0 // indirect
 	git.sr.ht/~sbinet/gg v0.7.0 // indirect
 	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
-	github.com/bsm/redislock v0.9.4 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
-	github.com/go-redsync/redsync/v4 v4.18.1 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/google/uuid v1.6.0 // indirect
@@ -38,7 +42,6 @@ require (
 	github.com/mfridman/interpolate v0.0.2 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/pressly/goose/v3 v3.30.0 // indirect
-	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect
 	go.etcd.io/etcd/api/v3 v3.7.3 // indirect
@@ -61,3 +64,5 @@ require (
 )
 
 replace github.com/ashlock/ashlock/dialect/etcd => ../dialect/etcd
+
+replace github.com/ashlock/ashlock/dialect/mariadb => ../dialect/mariadb

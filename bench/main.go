@@ -31,7 +31,7 @@ type config struct {
 
 func (c *config) want(section string) bool { return len(c.only) == 0 || c.only[section] }
 
-var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "groupcommit", "sqlite", "memory", "etcd", "redis"}
+var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "groupcommit", "sqlite", "memory", "etcd", "mariadb", "redis"}
 
 func main() {
 	var cfg config
@@ -242,6 +242,22 @@ func run(ctx context.Context, cfg *config) (err error) {
 		if rep.Etcd.Handoff, err = e.handoff(ctx, cfg); err != nil {
 			return fmt.Errorf("etcd handoff: %w", err)
 		}
+	}
+	if cfg.want("mariadb") {
+		e, err := startMariaDB(ctx)
+		if err != nil {
+			return err
+		}
+		defer e.close()
+		m, err := e.matrix(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("mariadb: %w", err)
+		}
+		if err := m.run(ctx, logf); err != nil {
+			return err
+		}
+		rep.addMatrix(m, mariadbRatios)
+		rep.MariaDBVersion = e.version
 	}
 	if redisBin != "" {
 		if rep.Redis, err = redisSection(ctx, cfg, pe, redisBin, tmp, rep); err != nil {

@@ -30,6 +30,7 @@ type Report struct {
 	// SQLite section, per backend.
 	SQLiteBusyRetries map[string]uint64 `json:"sqlite_busy_retries,omitempty"`
 	Etcd              *EtcdResult       `json:"etcd,omitempty"`
+	MariaDBVersion    string            `json:"mariadb_version,omitempty"`
 	Redis             *RedisResult      `json:"redis,omitempty"`
 
 	ratioIndex map[string]float64
@@ -136,6 +137,9 @@ var names = map[string]string{
 	"etcd|mutex":   "etcd `concurrency.Mutex` TryLock + Unlock",
 	"etcd|backend": "ashlock etcd Backend",
 	"etcd|client":  "ashlock Client + Guard on etcd",
+
+	"mariadb|raw":     "raw two statements on MariaDB",
+	"mariadb|backend": "ashlock MariaDB Backend",
 
 	"pg|raw":              "raw two statements via pgx, durable (the limit)",
 	"pg|raw-async":        "raw two statements, release committed asynchronously",
@@ -503,6 +507,9 @@ func (r *Report) markdown() string {
 	}
 	if gs := r.concs("etcd"); len(gs) > 0 {
 		r.etcdMarkdown(w, gs)
+	}
+	if gs := r.concs("mariadb"); len(gs) > 0 {
+		r.mariadbMarkdown(w, gs)
 	}
 	if r.Redis != nil {
 		r.redisMarkdown(w)

@@ -42,7 +42,7 @@ import (
 	"github.com/ashlock/ashlock/internal/wait"
 )
 
-//go:embed postgres/*.sql sqlite/*.sql
+//go:embed postgres/*.sql sqlite/*.sql mariadb/*.sql
 var embedded embed.FS
 
 // Dialect names a supported database.
@@ -52,6 +52,9 @@ type Dialect string
 const (
 	Postgres Dialect = "postgres"
 	SQLite   Dialect = "sqlite"
+	// MariaDB is MariaDB 10.6 or later (its driver is the dialect/mariadb
+	// module's: this package registers none). MySQL is not supported.
+	MariaDB Dialect = "mariadb"
 )
 
 // DefaultTable is the lock table's name when Options.Table is empty.
@@ -100,12 +103,12 @@ func (o Options) VersionTable() string {
 func (o Options) check(d Dialect) error {
 	switch d {
 	case Postgres:
-	case SQLite:
+	case SQLite, MariaDB:
 		if o.Schema != "" {
-			return fmt.Errorf("migrations: Options.Schema %q is PostgreSQL only; SQLite has no schemas", o.Schema)
+			return fmt.Errorf("migrations: Options.Schema %q is PostgreSQL only; %s has no schemas (use the connection's database)", o.Schema, d)
 		}
 	default:
-		return fmt.Errorf("%w %q (want %q or %q)", ErrUnknownDialect, d, Postgres, SQLite)
+		return fmt.Errorf("%w %q (want %q, %q or %q)", ErrUnknownDialect, d, Postgres, SQLite, MariaDB)
 	}
 	if o.Schema != "" {
 		if err := sqlident.Validate(o.Schema); err != nil {
@@ -137,16 +140,22 @@ const (
 // quotedObject returns the quoted name of the lock table's trigger (SQLite)
 // or trigger function (PostgreSQL) with suffix.
 func (o Options) quotedObject(d Dialect, suffix string) string {
-	if d == SQLite {
+	switch d {
+	case SQLite:
 		return sqlident.QuoteSQLite(o.table() + suffix)
+	case MariaDB:
+		return sqlident.QuoteMariaDB(o.table() + suffix)
 	}
 	return sqlident.QuotePostgres(o.Schema, o.table()+suffix)
 }
 
 // quoted returns the identifiers as they appear in the rendered SQL.
 func (o Options) quoted(d Dialect) (schema, table, versionTable string) {
-	if d == SQLite {
+	switch d {
+	case SQLite:
 		return "", sqlident.QuoteSQLite(o.table()), sqlident.QuoteSQLite(o.table() + versionSuffix)
+	case MariaDB:
+		return "", sqlident.QuoteMariaDB(o.table()), sqlident.QuoteMariaDB(o.table() + versionSuffix)
 	}
 	if o.Schema != "" {
 		schema = sqlident.QuotePostgres("", o.Schema)
@@ -221,7 +230,18 @@ func NewProvider(d Dialect, db *sql.DB, o Options, opts ...goose.ProviderOption)
 	}
 	base := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true)}
 	gooseDialect := goose.DialectSQLite3
-	if d == Postgres {
+	switch d {
+	case MariaDB:
+		// goose's MySQL store (with a TableExists that finds the quoted
+		// table), serialized across hosts by GET_LOCK on one pinned
+		// connection (mariaDBLocker).
+		store, err := newMariaDBStore(o)
+		if err != nil {
+			return nil, err
+		}
+		gooseDialect = goose.DialectCustom
+		base = append(base, goose.WithStore(store), goose.WithSessionLocker(mariaDBLocker{name: o.lockName()}))
+	case Postgres:
 		// goose polls for the lock every 5s by default; poll every second
 		// instead, for the same 5 minutes, so a waiting host is not idle long.
 		locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(o.lockID()), lock.WithLockTimeout(1, 300))
@@ -235,7 +255,7 @@ func NewProvider(d Dialect, db *sql.DB, o Options, opts ...goose.ProviderOption)
 		// goose requires the custom dialect with a custom store.
 		gooseDialect = goose.DialectCustom
 		base = append(base, goose.WithStore(store), goose.WithSessionLocker(locker))
-	} else {
+	default:
 		_, _, versionTable := o.quoted(d)
 		base = append(base, goose.WithTableName(versionTable))
 	}

@@ -77,3 +77,8 @@ func QuotePostgres(schema, table string) string {
 func QuoteSQLite(table string) string {
 	return `"` + strings.ReplaceAll(table, `"`, `""`) + `"`
 }
+
+// QuoteMariaDB returns table quoted as a MariaDB identifier (backticks).
+func QuoteMariaDB(table string) string {
+	return "`" + strings.ReplaceAll(table, "`", "``") + "`"
+}

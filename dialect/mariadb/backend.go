@@ -1,0 +1,366 @@
+package mariadb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ashlock/ashlock/internal/outcome"
+	"github.com/ashlock/ashlock/internal/sqlident"
+	"github.com/ashlock/ashlock/internal/wait"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// nowSQL is the database clock (see queries.go).
+const nowSQL = `UTC_TIMESTAMP(6)`
+
+// ErrUnsupportedServer is matched by [New]'s error for a server that is
+// not MariaDB 10.6 or later (MySQL has no INSERT ... RETURNING).
+var ErrUnsupportedServer = errors.New("sqllock/mariadb: MariaDB 10.6 or later required")
+
+// ErrNotDurable is matched by [New]'s error for a server that does not
+// write its log to disk at every commit (innodb_flush_log_at_trx_commit
+// other than 1), unless [Options.AllowNonDurable].
+var ErrNotDurable = errors.New("sqllock/mariadb: the server does not flush its log at every commit (innodb_flush_log_at_trx_commit is not 1)")
+
+// Backend is the MariaDB [sqllock.Backend]. It is safe for concurrent use.
+type Backend struct {
+	db    *sql.DB
+	table string // unquoted, for messages
+
+	// The statements, with the table, clock and lock wait filled in.
+	acquireSQL, renewSQL, renewBatchSQL, releaseSQL string
+	releaseHeldSQL                                  string
+	listSQL, listFromSQL, fenceSQL                  string
+
+	stmtMu sync.Mutex
+	stmts  map[string]*sql.Stmt // prepared lazily (the table may not exist yet)
+
+	closed    atomic.Bool
+	deadlocks atomic.Uint64
+
+	// rowRelease (tests) makes Release run releaseSQL alone, so that the
+	// conformance suite checks it as a release of its own.
+	rowRelease bool
+
+	signals wait.Signals
+}
+
+var (
+	_ sqllock.Backend      = (*Backend)(nil)
+	_ sqllock.BatchRenewer = (*Backend)(nil)
+	_ sqllock.Watcher      = (*Backend)(nil)
+)
+
+// New returns a Backend on the application's database handle, which it
+// never closes. It applies no migrations: create the table first (package
+// migrations with migrations.MariaDB, or `sqllock migrate up`); until then
+// operations fail with [sqllock.ErrSchemaMissing]. It reads the server's
+// version and durability once and refuses a server that is not MariaDB
+// 10.6 or later ([ErrUnsupportedServer]), or one that does not flush its
+// log at every commit unless told to accept it ([ErrNotDurable]).
+func New(db *sql.DB, opts Options) (*Backend, error) {
+	if db == nil {
+		return nil, errors.New("sqllock/mariadb: New: nil *sql.DB")
+	}
+	o, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var (
+		version string
+		flush   int
+	)
+	if err := db.QueryRowContext(ctx, `SELECT VERSION(), @@GLOBAL.innodb_flush_log_at_trx_commit`).Scan(&version, &flush); err != nil {
+		return nil, fmt.Errorf("sqllock/mariadb: New: %w", classify(ctx, outcome.List, "", err))
+	}
+	if err := checkVersion(version); err != nil {
+		return nil, err
+	}
+	if flush != 1 && !o.AllowNonDurable {
+		return nil, fmt.Errorf("%w: it is %d (set Options.AllowNonDurable to accept grants a machine crash can lose)", ErrNotDurable, flush)
+	}
+	b := &Backend{db: db, table: o.Table, stmts: make(map[string]*sql.Stmt)}
+	t, wait := sqlident.QuoteMariaDB(o.Table), o.lockWaitSeconds()
+	b.acquireSQL = render(acquireSQL, t, nowSQL, wait)
+	b.renewSQL = render(renewSQL, t, nowSQL, wait)
+	b.renewBatchSQL = render(renewBatchSQL, t, nowSQL, wait)
+	b.releaseSQL = render(releaseSQL, t, nowSQL, wait)
+	b.releaseHeldSQL = render(releaseHeldSQL, t, nowSQL, wait)
+	b.listSQL = render(listSQL, t, nowSQL, wait)
+	b.listFromSQL = render(listFromSQL, t, nowSQL, wait)
+	b.fenceSQL = renderBare(fenceSQL, t, nowSQL)
+	return b, nil
+}
+
+// checkVersion refuses a server other than MariaDB 10.6 or later.
+func checkVersion(v string) error {
+	var major, minor int
+	if _, err := fmt.Sscanf(v, "%d.%d", &major, &minor); err != nil || !strings.Contains(v, "MariaDB") {
+		return fmt.Errorf("%w: the server says %q", ErrUnsupportedServer, v)
+	}
+	if major < 10 || major == 10 && minor < 6 {
+		return fmt.Errorf("%w: the server says %q", ErrUnsupportedServer, v)
+	}
+	return nil
+}
+
+// Close releases the prepared statements (not the database handle).
+// Later calls fail with [sqllock.ErrClosed]. Close does not release
+// leases; they expire.
+func (b *Backend) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	b.stmtMu.Lock()
+	defer b.stmtMu.Unlock()
+	var errs []error
+	for _, s := range b.stmts {
+		errs = append(errs, s.Close())
+	}
+	clear(b.stmts)
+	return errors.Join(errs...)
+}
+
+// Stats are counters for tests and monitoring.
+type Stats struct {
+	// Deadlocks counts statements InnoDB rolled back as a deadlock's
+	// victim (1213), which the backend repeated.
+	Deadlocks uint64
+}
+
+// Stats returns the backend's counters.
+func (b *Backend) Stats() Stats { return Stats{Deadlocks: b.deadlocks.Load()} }
+
+// micros is d in whole microseconds, rounded up; 0 for d <= 0.
+func micros(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
+// leaseMicros is what a statement adds to its now for a lease of d: d in
+// whole microseconds, rounded up, and one more, because the clock reads
+// whole microseconds, truncated: a deadline is always later than the
+// instant the statement ran + d.
+func leaseMicros(d time.Duration) int64 { return micros(d) + 1 }
+
+// remaining is how long a lease with deadline has left at least, by a
+// clock that read now (Unix µs): one microsecond less (see leaseMicros),
+// never below zero.
+func remaining(deadline, now int64) time.Duration {
+	return time.Duration(max(deadline-now-1, 0)) * time.Microsecond
+}
+
+func at(us int64) time.Time { return time.UnixMicro(us) }
+
+// nonEmpty is v, or nil when v holds no byte: no value is nil everywhere.
+func nonEmpty(v []byte) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return v
+}
+
+// TryAcquire implements [sqllock.Backend] with one statement (acquireSQL).
+func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return sqllock.Lease{}, err
+	}
+	var (
+		token, deadline, now int64
+		held, kept           bool
+		owner                string
+		value                []byte
+	)
+	var arg any // NULL for no value
+	if len(req.Value) > 0 {
+		arg = req.Value
+	}
+	hold := int64(0)
+	if req.MinHold > 0 {
+		hold = leaseMicros(req.MinHold)
+	}
+	lease := max(leaseMicros(req.TTL), hold)
+	err := b.run(ctx, outcome.Acquire, req.Key, func(ctx context.Context) error {
+		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, lease, req.Owner, arg, hold, hold},
+			&token, &held, &deadline, &owner, &value, &now, &kept)
+		return err
+	})
+	if err != nil {
+		return sqllock.Lease{}, err
+	}
+	switch {
+	case held && deadline > now && owner == req.Owner:
+		return sqllock.Lease{
+			Key: req.Key, Token: token, Owner: owner,
+			Deadline: at(deadline), BackendTime: at(now), Value: nonEmpty(value),
+		}, nil
+	case (held || kept) && deadline > now: // kept: released inside its min hold
+		return sqllock.Lease{}, &sqllock.HeldError{
+			Key: req.Key, Owner: owner, Token: token,
+			Remaining: remaining(deadline, now), Value: nonEmpty(value),
+		}
+	case token == math.MaxInt64:
+		return sqllock.Lease{}, fmt.Errorf("%w: key %q", sqllock.ErrTokenExhausted, req.Key)
+	}
+	return sqllock.Lease{}, fmt.Errorf("sqllock/mariadb: TryAcquire %q: unexpected row (token %d, held %v, deadline %d, now %d)",
+		req.Key, token, held, deadline, now)
+}
+
+// TryRenew implements [sqllock.Backend] with one statement (renewSQL),
+// renewed or not.
+func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Duration) (sqllock.Lease, error) {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := sqllock.ValidateTTL(ttl); err != nil {
+		return sqllock.Lease{}, err
+	}
+	var (
+		found, held          bool
+		token, deadline, now int64
+	)
+	err := b.run(ctx, outcome.Renew, l.Key, func(ctx context.Context) (err error) {
+		found, err = b.queryRow(ctx, b.renewSQL, []any{l.Key, l.Token, leaseMicros(ttl), l.Key}, &token, &held, &deadline, &now)
+		return err
+	})
+	if err != nil {
+		return sqllock.Lease{}, err
+	}
+	if found && token == l.Token && held && deadline > now {
+		l.Deadline, l.BackendTime = at(deadline), at(now)
+		return l, nil
+	}
+	st := sqllock.KeyState{Found: found, Token: token, Held: held, Expired: deadline <= now}
+	if lost := st.Loss(l); lost != nil {
+		return sqllock.Lease{}, lost
+	}
+	return sqllock.Lease{}, fmt.Errorf("sqllock/mariadb: TryRenew %q: unexpected row (token %d, held %v, deadline %d, now %d)",
+		l.Key, token, held, deadline, now)
+}
+
+// Release implements [sqllock.Backend]: one statement (releaseHeldSQL)
+// when the lease was held and unexpired; otherwise one more (releaseSQL),
+// which clears an expired lease, and tells "released twice" by its owner
+// (nil) from a release by someone else, a newer token or an unknown one
+// (a [*sqllock.LostError]).
+func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return err
+	}
+	if b.rowRelease {
+		return b.releaseRow(ctx, l)
+	}
+	var n int64
+	err := b.run(ctx, outcome.Release, l.Key, func(ctx context.Context) error {
+		s, err := b.stmt(ctx, b.releaseHeldSQL)
+		if err != nil {
+			return err
+		}
+		res, err := s.ExecContext(ctx, l.Owner, l.Owner, l.Owner, l.Key, l.Token)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if n == 1 {
+		b.signals.Signal(l.Key)
+		return nil
+	}
+	return b.releaseRow(ctx, l)
+}
+
+// releaseRow is Release with releaseSQL alone.
+func (b *Backend) releaseRow(ctx context.Context, l sqllock.Lease) error {
+	var (
+		st               sqllock.KeyState
+		deadline, now    int64
+		cleared, expired sql.NullBool
+	)
+	err := b.run(ctx, outcome.Release, l.Key, func(ctx context.Context) (err error) {
+		st.Found, err = b.queryRow(ctx, b.releaseSQL, []any{l.Key, l.Token, l.Owner, l.Key},
+			&st.Token, &st.Held, &st.Owner, &deadline, &now, &cleared, &expired)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	st.Expired = deadline <= now
+	if st.Found && cleared.Bool {
+		b.signals.Signal(l.Key)
+		if expired.Bool {
+			return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
+		}
+		return nil
+	}
+	if st.ReleasedByOwner(l) {
+		return nil // released twice by its owner
+	}
+	if lost := st.Loss(l); lost != nil {
+		return lost
+	}
+	return fmt.Errorf("sqllock/mariadb: Release %q: unexpected row (token %d, held %v, deadline %d, now %d)",
+		l.Key, st.Token, st.Held, deadline, now)
+}
+
+// List implements [sqllock.Backend] with one read (an index range on the
+// key, no LIKE).
+func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
+	if err := sqllock.ValidatePrefix(prefix); err != nil {
+		return nil, err
+	}
+	query, args := b.listFromSQL, []any{prefix}
+	if end, ok := prefixEnd(prefix); ok {
+		query, args = b.listSQL, []any{prefix, end}
+	}
+	var out []sqllock.LockInfo
+	err := b.run(ctx, outcome.List, prefix, func(ctx context.Context) error {
+		out = out[:0]
+		s, err := b.stmt(ctx, query)
+		if err != nil {
+			return err
+		}
+		rows, err := s.QueryContext(ctx, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				i             sqllock.LockInfo
+				deadline, now int64
+			)
+			if err := rows.Scan(&i.Key, &i.Token, &i.Owner, &i.Held, &deadline, &now, &i.Value); err != nil {
+				return err
+			}
+			i.Value = nonEmpty(i.Value)
+			i.Deadline = at(deadline)
+			if i.Held {
+				i.Remaining = remaining(deadline, now)
+			}
+			out = append(out, i)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return rows.Close()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}

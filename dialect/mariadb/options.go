@@ -1,0 +1,59 @@
+package mariadb
+
+import (
+	"cmp"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ashlock/ashlock/internal/sqlident"
+	"github.com/ashlock/ashlock/migrations"
+)
+
+// DefaultLockWait is the zero [Options.LockWait].
+const DefaultLockWait = 5 * time.Second
+
+// Options configure a [Backend]. The zero value means the defaults.
+type Options struct {
+	// Table is the lock table's name in the connection's database, a
+	// plain identifier (letters, digits, underscore) of at most 55 bytes,
+	// so that the migrations can name its version table
+	// "<Table>_version"; empty means migrations.DefaultTable
+	// ("sqllock_locks").
+	Table string
+
+	// LockWait bounds how long one statement waits for a row lock held by
+	// another transaction (an application's fenced transaction, see
+	// [Backend.Fence]) before it fails with an error matching
+	// [sqllock.ErrUnavailable], applying nothing: InnoDB's
+	// innodb_lock_wait_timeout for each statement, in whole seconds
+	// (rounded up), from 1s to 1h. Zero means [DefaultLockWait].
+	LockWait time.Duration
+
+	// AllowNonDurable lets [New] accept a server whose
+	// innodb_flush_log_at_trx_commit is not 1. With 0 or 2 InnoDB writes
+	// its log to disk about once a second, so a crash of the server's
+	// machine (not of mariadbd alone) can lose the last second of grants
+	// after they were reported, and a token can then be handed out twice.
+	// Without it, New refuses such a server with [ErrNotDurable]. New reads
+	// the setting once: a later SET GLOBAL goes unseen.
+	AllowNonDurable bool
+}
+
+// resolve returns o with the defaults filled in, validated.
+func (o Options) resolve() (Options, error) {
+	o.Table = cmp.Or(o.Table, migrations.DefaultTable)
+	if err := sqlident.ValidateTable(o.Table); err != nil {
+		return o, fmt.Errorf("sqllock/mariadb: Options.Table: %w", err)
+	}
+	o.LockWait = cmp.Or(o.LockWait, DefaultLockWait)
+	if o.LockWait < 0 || o.LockWait > time.Hour {
+		return o, fmt.Errorf("sqllock/mariadb: Options.LockWait %v: want 1s to 1h", o.LockWait)
+	}
+	return o, nil
+}
+
+// lockWaitSeconds is LockWait in whole seconds, rounded up, at least 1.
+func (o Options) lockWaitSeconds() string {
+	return strconv.FormatInt(int64(max((o.LockWait+time.Second-1)/time.Second, 1)), 10)
+}

@@ -1,0 +1,222 @@
+package mariadb
+
+import "strings"
+
+// The statements, with {{table}} for the quoted table, {{now}} for the
+// database clock, {{us ...}} for an instant in Unix microseconds and
+// {{free}} for freeSQL. Each runs in autocommit mode, under
+// stmtPrefix.
+//
+// The clock is UTC_TIMESTAMP(6): the server's clock in UTC with
+// microseconds, the same instant for every use in one statement (SET,
+// WHERE and RETURNING see one value; SYSDATE(6) would not). Instants are
+// stored as DATETIME(6), which no session time zone converts, and leave
+// the server as integers of Unix microseconds, so that no driver setting
+// (parseTime, loc) can change them.
+//
+// MariaDB 10.11 has INSERT ... RETURNING but not UPDATE ... RETURNING
+// (13.0 has it), and MySQL has neither; see the package doc. So every
+// write is an INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING.
+const (
+	// stmtPrefix bounds every statement's wait for a row lock (held by an
+	// application's fenced transaction, say) to Options.LockWait instead of
+	// the server's 50 s. Isolation cannot be set so (SET STATEMENT refuses
+	// tx_isolation): it is the session's, READ COMMITTED by the DSN (see
+	// the package doc).
+	stmtPrefix = `SET STATEMENT innodb_lock_wait_timeout = {{lockwait}} FOR `
+
+	// acquireSQL: ?1 key, ?2 lease in µs (the longer of TTL and MinHold),
+	// ?3 owner, ?4 value (NULL for none), ?5 and ?6 the min hold in µs (0
+	// for none). One INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING: a
+	// new key is inserted with token 1; an existing one is updated in
+	// place, and RETURNING gives the row as it is after the statement,
+	// granted or not, so a refusal names the holder from the same round
+	// trip.
+	//
+	// The trap: MariaDB runs the ON DUPLICATE KEY UPDATE assignments left
+	// to right, and each one sees the columns assigned before it with their
+	// new values. So the decision is taken once, by the first assignment,
+	// on the row as it was, into the session's LAST_INSERT_ID(expr): bit 1
+	// a new tenure (the key is free: expired, or released and past its min
+	// hold), bit 2 a grant (a new tenure, or the same owner's repeat while
+	// its grant lasts: same token, deadline extended); every later
+	// assignment reads LAST_INSERT_ID() and only columns not yet assigned.
+	// A new tenure takes its own min hold (hold_until from its own grant),
+	// whoever held the key before, the same owner too (its acquire repeated
+	// after its own lease expired); the same owner's repeat inside its grant
+	// keeps the tenure's hold_until and never moves its deadline before it.
+	// (Session variables would do the same on paper, but a RETURNING that
+	// reads one the session never set reads NULL: LAST_INSERT_ID() has a
+	// value in every session, and the insert path reads none.) The
+	// session's LAST_INSERT_ID() is left at that value: an application
+	// reading LAST_INSERT_ID() on a pooled connection without its own
+	// insert before sees it.
+	//
+	// token + 1 at the largest BIGINT fails the statement with error 1690
+	// (out of range) and applies nothing: the token space ends closed
+	// (sqllock.ErrTokenExhausted), never wraps. The addition is signed
+	// (IF(..., 1, 0), not the unsigned LAST_INSERT_ID() & 1) so that it
+	// fails whatever the session's sql_mode: an unsigned sum would only be
+	// stored into the signed column, which a non-strict sql_mode clamps to
+	// the largest token, with a warning, granting the same token again.
+	acquireSQL = `
+INSERT INTO {{table}} (` + "`key`" + `, token, held, deadline, owner, value, hold_until)
+VALUES (?, 1, 1, {{now}} + INTERVAL ? MICROSECOND, ?, ?, IF(? > 0, {{now}} + INTERVAL ? MICROSECOND, NULL))
+ON DUPLICATE KEY UPDATE
+	token      = token + IF(LAST_INSERT_ID({{free}} + 2 * ({{free}} OR (held AND deadline > {{now}} AND owner = VALUES(owner)))) & 1, 1, 0),
+	deadline   = IF(LAST_INSERT_ID() & 2,
+		IF(LAST_INSERT_ID() & 1, VALUES(deadline), GREATEST(VALUES(deadline), COALESCE(hold_until, VALUES(deadline)))), deadline),
+	hold_until = IF(LAST_INSERT_ID() & 1, VALUES(hold_until), hold_until),
+	owner      = IF(LAST_INSERT_ID() & 2, VALUES(owner), owner),
+	value      = IF(LAST_INSERT_ID() & 2, VALUES(value), value),
+	held       = IF(LAST_INSERT_ID() & 2, 1, held)
+RETURNING token, held, {{us deadline}}, owner, value, {{us {{now}}}}, COALESCE(hold_until > {{now}}, 0)`
+
+	// freeSQL: the key may be granted to a new tenure: its lease expired,
+	// or it was released and is past its minimum hold (a release inside
+	// it set the deadline to hold_until).
+	freeSQL = `(deadline <= {{now}} OR (NOT held AND COALESCE(hold_until, '1970-01-01') <= {{now}}))`
+
+	// renewSQL: ?1 key, ?2 token, ?3 lease in µs, ?4 key again. Extends
+	// the lease iff the row holds token ?2, held and unexpired, to now +
+	// ?3, or to its hold_until when that is later (no renewal moves a
+	// deadline before grant + MinHold). MariaDB 10.11 has no UPDATE ...
+	// RETURNING, and an UPDATE's reply does not carry LAST_INSERT_ID(expr)
+	// (it says 0: checked on 10.11), so the renewal is an INSERT ...
+	// SELECT ... ON DUPLICATE KEY UPDATE ... RETURNING: the SELECT yields
+	// the key only when it has a row (rows are never deleted, so the insert
+	// always takes the update path and inserts nothing), the inserted
+	// values carry the request (VALUES(token), VALUES(deadline) = now +
+	// ?3), and RETURNING gives the row after the statement, renewed or
+	// not: renewed iff token = ?2, held and deadline > now; else token,
+	// held and deadline give the exact reason. No row: never granted.
+	renewSQL = `
+INSERT INTO {{table}} (` + "`key`" + `, token, held, deadline, owner)
+SELECT ?, ?, 1, {{now}} + INTERVAL ? MICROSECOND, '' FROM DUAL
+WHERE EXISTS (SELECT 1 FROM {{table}} AS c WHERE c.` + "`key`" + ` = ?)
+ON DUPLICATE KEY UPDATE
+	deadline = IF(token = VALUES(token) AND held AND deadline > {{now}},
+		GREATEST(VALUES(deadline), COALESCE(hold_until, '1970-01-01')), deadline)
+RETURNING token, held, {{us deadline}}, {{us {{now}}}}`
+
+	// renewBatchSQL is renewSQL for many leases in one statement, at one
+	// instant: ?1 is a JSON array of [key, token, lease in µs], one element
+	// per key, read by JSON_TABLE (the statement is the same text for
+	// every batch size). It is an INSERT ... SELECT ... ON DUPLICATE KEY
+	// UPDATE ... RETURNING, because MariaDB's multi-table UPDATE returns
+	// nothing: the SELECT keeps only keys that have a row (rows are never
+	// deleted, so each one it keeps takes the update path), the inserted
+	// values carry the request (token, now + lease), and RETURNING gives
+	// every such row after the statement, renewed or not, with its key.
+	// A key without a row is absent from the result.
+	renewBatchSQL = `
+INSERT INTO {{table}} (` + "`key`" + `, token, held, deadline, owner)
+SELECT r.k, r.tok, 1, {{now}} + INTERVAL r.us MICROSECOND, ''
+FROM JSON_TABLE(?, '$[*]' COLUMNS (k VARBINARY(512) PATH '$[0]', tok BIGINT PATH '$[1]', us BIGINT PATH '$[2]')) AS r
+WHERE EXISTS (SELECT 1 FROM {{table}} AS c WHERE c.` + "`key`" + ` = r.k)
+ON DUPLICATE KEY UPDATE
+	deadline = IF(token = VALUES(token) AND held AND deadline > {{now}},
+		GREATEST(VALUES(deadline), COALESCE(hold_until, '1970-01-01')), deadline)
+RETURNING ` + "`key`" + `, token, held, {{us deadline}}, {{us {{now}}}}`
+
+	// releaseHeldSQL: ?1 owner, ?2 the same, ?3 the same, ?4 key, ?5
+	// token. The common release, of a lease held and unexpired: a plain
+	// UPDATE, whose reply (an OK packet, no result set) says by its
+	// affected rows whether it cleared the lease: 1 iff the row held token
+	// ?5, held and unexpired (held changes from 1 to 0, so a match always
+	// changes the row; the driver's clientFoundRows does not matter). The
+	// assignments read only columns not yet assigned (see acquireSQL):
+	// deadline first (it reads owner and hold_until), owner last. A
+	// release by the holder itself before its hold_until (MinHold) keeps
+	// the key taken until then: the deadline becomes hold_until; another
+	// owner's (a forced release) clears hold_until. When it clears nothing
+	// (expired, released already, a newer token, no row), releaseSQL runs:
+	// one round trip more, on the rare path only.
+	releaseHeldSQL = `
+UPDATE {{table}} SET
+	deadline   = IF(owner = ? AND hold_until > {{now}}, hold_until, deadline),
+	hold_until = IF(owner = ?, hold_until, NULL),
+	held       = 0,
+	owner      = ?
+WHERE ` + "`key`" + ` = ? AND token = ? AND held AND deadline > {{now}}`
+
+	// releaseSQL: ?1 key, ?2 token, ?3 owner, ?4 key again. The release
+	// when releaseHeldSQL cleared nothing; on its own it is a complete
+	// release (the tests run it alone too). Clears held
+	// iff ?2 is the current token and held, and records ?3 as who
+	// released. A release by the holder itself before its hold_until
+	// (MinHold) keeps the key taken until then: the deadline becomes
+	// hold_until, which freeSQL reads; another owner's (a forced release)
+	// clears hold_until, so the key is free at once. The shape is
+	// renewSQL's (no UPDATE ... RETURNING). As in acquireSQL, the first
+	// assignment takes the decision on the row as it was, into
+	// LAST_INSERT_ID(expr): bit 2 it is cleared now (token ?2 and held),
+	// bit 1 its deadline had passed; the later assignments read it and
+	// only columns not yet assigned, and RETURNING gives both bits with the
+	// row after the statement, so "released twice by its owner", a loss
+	// and its reason come from the same round trip. No row: never granted.
+	releaseSQL = `
+INSERT INTO {{table}} (` + "`key`" + `, token, held, deadline, owner)
+SELECT ?, ?, 0, {{now}}, ? FROM DUAL
+WHERE EXISTS (SELECT 1 FROM {{table}} AS c WHERE c.` + "`key`" + ` = ?)
+ON DUPLICATE KEY UPDATE
+	token      = IF(LAST_INSERT_ID(2 * (token = VALUES(token) AND held) + (deadline <= {{now}})) >= 0, token, token),
+	deadline   = IF(LAST_INSERT_ID() & 2 AND owner = VALUES(owner) AND hold_until > {{now}} AND deadline > {{now}}, hold_until, deadline),
+	hold_until = IF(LAST_INSERT_ID() & 2 AND owner <> VALUES(owner), NULL, hold_until),
+	held       = IF(LAST_INSERT_ID() & 2, 0, held),
+	owner      = IF(LAST_INSERT_ID() & 2, VALUES(owner), owner)
+RETURNING token, held, owner, {{us deadline}}, {{us {{now}}}}, LAST_INSERT_ID() & 2 = 2, LAST_INSERT_ID() & 1`
+
+	// listSQL: ?1 prefix, ?2 the first string after every string that
+	// starts with ?1 (see prefixEnd). Keys are VARBINARY, compared byte by
+	// byte, so [?1, ?2) is exactly the keys with that prefix, an index
+	// range on the primary key. No LIKE, so no wildcard hides in a prefix.
+	listSQL = `
+SELECT ` + "`key`" + `, token, owner, (held OR COALESCE(hold_until > {{now}}, 0)) AND deadline > {{now}}, {{us deadline}}, {{us {{now}}}}, value
+FROM {{table}} WHERE ` + "`key`" + ` >= ? AND ` + "`key`" + ` < ? ORDER BY ` + "`key`"
+
+	// listFromSQL: ?1 prefix, when no string bounds it from above.
+	listFromSQL = `
+SELECT ` + "`key`" + `, token, owner, (held OR COALESCE(hold_until > {{now}}, 0)) AND deadline > {{now}}, {{us deadline}}, {{us {{now}}}}, value
+FROM {{table}} WHERE ` + "`key`" + ` >= ? ORDER BY ` + "`key`"
+
+	// fenceSQL: ?1 token, ?2 key. Inside the caller's transaction: the row
+	// locked in share mode, so no grant, renewal or release can change it
+	// until the transaction ends, and 1 iff the lease is current, held
+	// and unexpired.
+	fenceSQL = `
+SELECT token = ? AND held AND deadline > {{now}}, token, held, {{us deadline}}, owner, {{us {{now}}}}
+FROM {{table}} WHERE ` + "`key`" + ` = ?
+LOCK IN SHARE MODE`
+)
+
+// render fills in a statement for the quoted table, the clock expression
+// now and the lock wait in seconds, under stmtPrefix.
+func render(q, quotedTable, now, lockWait string) string {
+	return strings.ReplaceAll(stmtPrefix, "{{lockwait}}", lockWait) + renderBare(q, quotedTable, now)
+}
+
+// renderBare fills in a statement to run inside the caller's transaction
+// (no stmtPrefix: the transaction's own settings apply).
+func renderBare(q, quotedTable, now string) string {
+	q = strings.ReplaceAll(q, "{{free}}", freeSQL)
+	q = strings.ReplaceAll(q, "{{us {{now}}}}", "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "+now+")")
+	q = strings.ReplaceAll(q, "{{us deadline}}", "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', deadline)")
+	q = strings.ReplaceAll(q, "{{now}}", now)
+	q = strings.ReplaceAll(q, "{{table}}", quotedTable)
+	return strings.TrimSpace(q)
+}
+
+// prefixEnd returns the smallest string greater than every string that
+// starts with prefix, and false when there is none (prefix empty or all
+// 0xff bytes).
+func prefixEnd(prefix string) (string, bool) {
+	b := []byte(prefix)
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] < 0xff {
+			b[i]++
+			return string(b[:i+1]), true
+		}
+	}
+	return "", false
+}
