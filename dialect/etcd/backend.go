@@ -28,12 +28,18 @@ type Backend struct {
 	prefix string
 	maxOps int // operations per transaction, at most
 
-	mu      sync.Mutex            // guards seen, spares, granted
+	mu      sync.Mutex            // guards seen, spares, granted, warming
 	seen    map[string]seenRecord // the last token record seen per key; a hint only
 	spares  map[int64][]spare     // keyless etcd leases for reuse, by granted TTL (seconds)
 	granted map[int64]int64       // requested TTL → the TTL etcd granted for it (seconds)
-	watch   watches
-	ka      keepAlives
+	warming map[int64]bool        // requested TTLs whose spares are being granted (see warm)
+	warmTo  int                   // spares kept at hand per TTL in use; 0: none granted ahead
+	warmWG  sync.WaitGroup        // the warm goroutines
+	// freshFor is how long a fresh spare is used with no keep-alive
+	// (the constant freshFor; tests change it).
+	freshFor time.Duration
+	watch    watches
+	ka       keepAlives
 }
 
 var (
@@ -55,7 +61,7 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("sqllock/etcd: invalid MaxTxnOps %d: want 0 (the default, %d) or at least %d", opts.MaxTxnOps, DefaultMaxTxnOps, minTxnOps)
 	}
 	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
-		spares: make(map[int64][]spare), granted: make(map[int64]int64)}
+		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares, freshFor: freshFor}
 	b.watch.b = b
 	b.ka.cli = cli
 	return b, nil
@@ -90,15 +96,32 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		}
 		seen = s.seen()
 	}
-	sent := time.Now()
-	grant, hold, err := b.grantLeases(ctx, req, sent)
+	grant, hold, err := b.takeLeases(ctx, req)
 	if err != nil {
 		return sqllock.Lease{}, err
 	}
-	lease := sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: sent, Deadline: sent.Add(time.Duration(max(grant.ttl, hold.ttl)) * time.Second)}
+	// The spares' keep-alives go out with the first transaction, not
+	// before it: one round trip of latency for both.
+	renewed := b.renewSpares(ctx, &grant, &hold)
+	waited, gone := false, false
+	settle := func() (sqllock.Lease, bool) {
+		if !waited {
+			waited, gone = true, renewed()
+		}
+		start := grant.at
+		if hold.id != 0 && hold.at.Before(start) {
+			start = hold.at
+		}
+		return sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: start, Deadline: start.Add(time.Duration(max(grant.ttl, hold.ttl)) * time.Second)}, gone
+	}
 	for range maxAttempts {
 		if seen.token == math.MaxInt64 {
+			lease, gone := settle()
 			b.putSpare(hold)
+			if gone {
+				b.putSpare(grant)
+				return sqllock.Lease{}, b.leaseGone(req.Key)
+			}
 			return b.exhausted(ctx, lease, grant)
 		}
 		token := seen.token + 1
@@ -113,10 +136,8 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			clientv3.OpPut(b.tokenKey(req.Key), string(rec)),
 			clientv3.OpPut(b.holderKey(req.Key), tokenString(token), clientv3.WithLease(grant.id)),
 		}
-		var until time.Time
 		if hold.id != 0 {
 			puts = append(puts, clientv3.OpPut(b.holdKey(req.Key), holdValue(token, req.Owner), clientv3.WithLease(hold.id)))
-			until = sent.Add(time.Duration(hold.ttl) * time.Second)
 		}
 		resp, err := b.cli.Txn(ctx).If(
 			clientv3.Compare(clientv3.CreateRevision(b.holderKey(req.Key)), "=", 0),
@@ -127,9 +148,19 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			// Neither etcd lease is kept as a spare: a key may be on it.
 			return sqllock.Lease{}, translate(ctx, outcome.Acquire, req.Key, err)
 		}
+		lease, gone := settle()
 		if resp.Succeeded {
+			var until time.Time
+			if hold.id != 0 {
+				until = hold.at.Add(time.Duration(hold.ttl) * time.Second)
+			}
 			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token, lease: grant.id,
-				deadline: sent.Add(time.Duration(grant.ttl) * time.Second), holdLease: hold.id, holdUntil: until})
+				deadline: grant.at.Add(time.Duration(grant.ttl) * time.Second), holdLease: hold.id, holdUntil: until})
+			if gone {
+				// Granted on an etcd lease that etcd no longer knows:
+				// the grant is over already, and nobody holds the key.
+				return sqllock.Lease{}, b.leaseGone(req.Key)
+			}
 			lease.Token, lease.Value = token, cloneValue(req.Value)
 			return lease, nil
 		}
@@ -141,19 +172,32 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		if s.taken() {
 			b.putSpare(hold) // a repeat keeps its first grant's hold
 			if s.held() && s.rec.Owner == req.Owner {
-				lease.Deadline = sent.Add(time.Duration(grant.ttl) * time.Second)
+				if grant.id == 0 {
+					return sqllock.Lease{}, b.leaseGone(req.Key)
+				}
+				lease.BackendTime = grant.at
+				lease.Deadline = grant.at.Add(time.Duration(grant.ttl) * time.Second)
 				return b.regrant(ctx, lease, s, grant)
 			}
-			b.putSpare(grant)
+			b.putSpare(grant) // none when gone
 			return sqllock.Lease{}, b.refusal(ctx, req.Key, s)
 		}
 		// Free, but the token record changed since this Backend saw it:
 		// try again on the record just read.
 		seen = s.seen()
 	}
-	b.putSpare(grant)
+	settle()
+	b.putSpare(grant) // none when gone
 	b.putSpare(hold)
 	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the key changed under %d attempts in a row", req.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+// leaseGone is the error of an acquire whose transaction put the holder
+// key on a spare etcd lease that the keep-alive sent with it found gone
+// (expired as the grant was made, or never applied: etcd-io/etcd#13675):
+// not granted, and a new attempt decides anew. Transient.
+func (b *Backend) leaseGone(key string) error {
+	return fmt.Errorf("sqllock/etcd: acquire %q: %w: the etcd lease of the grant expired as it was made; try again", key, sqllock.ErrUnavailable)
 }
 
 // TryRenew implements [sqllock.Backend]: a keep-alive restarts the TTL of

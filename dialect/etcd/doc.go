@@ -48,7 +48,7 @@
 //
 // etcd does not expose its clock, so a Lease's BackendTime is this host's
 // wall clock just before the request that started the etcd lease's current
-// period (the grant, or the keep-alive of a renewal) was sent, and Deadline
+// period (the grant, or a keep-alive) was sent, and Deadline
 // is BackendTime plus the TTL etcd granted: the earliest moment etcd can
 // end the lease, as seen from this host. Deadline.Sub(BackendTime) is the
 // granted TTL. The client's local deadline (send time + TTL − margin) is
@@ -110,7 +110,17 @@
 //
 // # Round trips
 //
-// TryAcquire: 2 (lease grant, then the transaction); 3 when another
+// TryAcquire: 1 round trip of latency on a spare etcd lease (one this
+// Backend granted ahead, in the background, when its spares of a TTL in
+// use run low, or one that a release or a refusal left): the transaction
+// alone on a spare granted within the last second, else the spare's
+// keep-alive and the transaction sent together (2 requests), the period
+// dated from the keep-alive's send time. A keep-alive is never sent on a
+// lease just granted (an etcd 3.4 leader that has not applied the grant
+// yet may answer it with TTL 0: etcd-io/etcd#13675), and a keep-alive
+// reply that comes later than the spare's TTL could have ended is not
+// trusted (etcd-io/etcd#20547): that acquire fails as unavailable. With no
+// spare at hand: 2 (lease grant, then the transaction); 3 when another
 // process changed the key since this Backend last saw it; a refused attempt
 // on a key this Backend saw held costs a read and the holder's
 // time-to-live, and no write. With a MinHold, TryAcquire sends its two
@@ -134,7 +144,7 @@
 // is served by the leader alone.
 //
 // Every keep-alive of a Backend (a renewal's, and an acquire's that reuses
-// a released etcd lease) is one request on one lease keep-alive stream that
+// a spare etcd lease) is one request on one lease keep-alive stream that
 // the Backend opens on first use and again after it breaks, for as long as
 // the etcd client lives; replies are matched to requests by lease ID, and
 // each request's send time, taken before it is sent, dates the period it
