@@ -25,40 +25,37 @@ func spareFor(t *testing.T, b *Backend, key string, ttl time.Duration) clientv3.
 }
 
 // TestAcquireTakesWarmSpares: the first acquire of a TTL grants its etcd
-// lease, and a background grant of spares follows; the next acquire takes
-// one of them with its transaction alone: no lease grant, and no
-// keep-alive on a lease granted just before (etcd 3.4 may answer it with
-// TTL 0: etcd-io/etcd#13675), its deadline from the spare's grant. An
-// older spare gets a keep-alive, sent with the transaction.
+// lease, and a background grant of spares follows. An acquire takes a
+// spare with its keep-alive sent together with the transaction, its lease
+// dated from the keep-alive's send time (after the acquire was sent, as
+// the Client's local deadline assumes), and no lease grant on its path;
+// but never a spare granted within freshFor (etcd 3.4 may answer a
+// keep-alive just after a grant with TTL 0: etcd-io/etcd#13675): with
+// only those at hand, it grants a lease of its own.
 func TestAcquireTakesWarmSpares(t *testing.T) {
 	t.Parallel()
 	b, calls, _ := counted(t)
 	b.warmTo = 4
 	ctx := testCtx(t)
-	req := func(key string) sqllock.AcquireRequest {
-		return sqllock.AcquireRequest{Key: key, TTL: 9 * time.Second, Owner: "o"}
+	acquire := func(key string) {
+		t.Helper()
+		before := time.Now()
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: 9 * time.Second, Owner: "o"})
+		require.NoError(t, err)
+		require.False(t, l.BackendTime.Before(before), "%s: lease dated %v, before the acquire was sent at %v", key, l.BackendTime, before)
+		require.Equal(t, 9*time.Second, l.Deadline.Sub(l.BackendTime))
+		b.warmWG.Wait()
 	}
-	_, err := b.TryAcquire(ctx, req("first"))
-	require.NoError(t, err)
-	b.warmWG.Wait()
+	acquire("first")
 	_, by := calls.Take()
 	require.Equal(t, "LeaseGrant×5 Txn×1", by, "the first acquire's grant, then 4 spares granted ahead")
-	before := time.Now()
-	l, err := b.TryAcquire(ctx, req("warm"))
-	require.NoError(t, err)
-	b.warmWG.Wait()
+	acquire("young")
 	_, by = calls.Take()
-	require.Equal(t, "LeaseGrant×1 Txn×1", by, "the transaction alone (the grant tops the spares up, in the background)")
-	require.True(t, l.BackendTime.Before(before), "dated from the spare's grant: %v, acquire sent at %v", l.BackendTime, before)
-	require.Equal(t, 9*time.Second, l.Deadline.Sub(l.BackendTime))
-	time.Sleep(b.freshFor)
-	before = time.Now()
-	l, err = b.TryAcquire(ctx, req("older"))
-	require.NoError(t, err)
-	b.warmWG.Wait()
+	require.Equal(t, "LeaseGrant×1 Txn×1", by, "the spares were granted just now: a grant of its own")
+	time.Sleep(freshFor)
+	acquire("warm")
 	_, by = calls.Take()
-	require.Equal(t, "LeaseGrant×1 LeaseKeepAlive×1 Txn×1", by)
-	require.False(t, l.BackendTime.Before(before), "renewed by a keep-alive sent with the acquire")
+	require.Equal(t, "LeaseGrant×1 LeaseKeepAlive×1 Txn×1", by, "a spare's keep-alive with the transaction (the grant tops the spares up, in the background)")
 }
 
 // TestAcquireDatesFromKeepAliveSend: an acquire on a spare dates its
@@ -122,6 +119,43 @@ func TestAcquireSpareGoneUnderIt(t *testing.T) {
 	other := newBundle(t).backend
 	_, err = other.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: 9 * time.Second, Owner: "x"})
 	require.False(t, errors.Is(err, sqllock.ErrNotAcquired), "the key is free: %v", err)
+}
+
+// TestAcquireKeepAliveFailed: an acquire whose transaction put the
+// holder key on a spare and whose keep-alive failed (the stream broke) is
+// no grant: the spare's period began before the acquire was sent, which
+// the Client's local deadline does not allow for. It fails as
+// unavailable; the owner's next attempt gets the key.
+func TestAcquireKeepAliveFailed(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	spare := spareFor(t, b, "first", 9*time.Second)
+	calls.SetKeepAlive(func(id int64) int64 {
+		if id != int64(spare) {
+			return 0
+		}
+		for range 200 {
+			if holderLease(t, b, "k") == spare {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		b.ka.mu.Lock()
+		s := b.ka.cur
+		b.ka.mu.Unlock()
+		s.cancel() // the stream breaks under the keep-alive
+		return 0
+	})
+	req := sqllock.AcquireRequest{Key: "k", TTL: 9 * time.Second, Owner: "o"}
+	l, err := b.TryAcquire(ctx, req)
+	require.ErrorIs(t, err, sqllock.ErrUnavailable, "reported %+v", l)
+	calls.SetKeepAlive(nil)
+	before := time.Now()
+	l, err = b.TryAcquire(ctx, req)
+	require.NoError(t, err)
+	require.False(t, l.BackendTime.Before(before))
+	require.NotEqual(t, spare, holderLease(t, b, "k"), "moved onto a lease of its own")
 }
 
 // TestAcquireLateKeepAliveNotTrusted plays an etcd with bug

@@ -35,11 +35,8 @@ type Backend struct {
 	warming map[int64]bool        // requested TTLs whose spares are being granted (see warm)
 	warmTo  int                   // spares kept at hand per TTL in use; 0: none granted ahead
 	warmWG  sync.WaitGroup        // the warm goroutines
-	// freshFor is how long a fresh spare is used with no keep-alive
-	// (the constant freshFor; tests change it).
-	freshFor time.Duration
-	watch    watches
-	ka       keepAlives
+	watch   watches
+	ka      keepAlives
 }
 
 var (
@@ -61,7 +58,7 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("sqllock/etcd: invalid MaxTxnOps %d: want 0 (the default, %d) or at least %d", opts.MaxTxnOps, DefaultMaxTxnOps, minTxnOps)
 	}
 	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
-		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares, freshFor: freshFor}
+		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares}
 	b.watch.b = b
 	b.ka.cli = cli
 	return b, nil
@@ -193,11 +190,13 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 }
 
 // leaseGone is the error of an acquire whose transaction put the holder
-// key on a spare etcd lease that the keep-alive sent with it found gone
-// (expired as the grant was made, or never applied: etcd-io/etcd#13675):
-// not granted, and a new attempt decides anew. Transient.
+// key on a spare etcd lease whose renewal by the keep-alive sent with it
+// is not known (see [Backend.renewSpares]): not granted (no lease dated
+// from before the acquire was sent, no holder key that etcd may have
+// deleted), and a new attempt decides anew: the same owner's repeat gets
+// the grant onto a new etcd lease if it still holds. Transient.
 func (b *Backend) leaseGone(key string) error {
-	return fmt.Errorf("sqllock/etcd: acquire %q: %w: the etcd lease of the grant expired as it was made; try again", key, sqllock.ErrUnavailable)
+	return fmt.Errorf("sqllock/etcd: acquire %q: %w: the keep-alive of the grant's etcd lease did not confirm it; try again", key, sqllock.ErrUnavailable)
 }
 
 // TryRenew implements [sqllock.Backend]: a keep-alive restarts the TTL of

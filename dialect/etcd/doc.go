@@ -112,15 +112,17 @@
 //
 // TryAcquire: 1 round trip of latency on a spare etcd lease (one this
 // Backend granted ahead, in the background, when its spares of a TTL in
-// use run low, or one that a release or a refusal left): the transaction
-// alone on a spare granted within the last second, else the spare's
+// use run low, or one that a release or a refusal left): the spare's
 // keep-alive and the transaction sent together (2 requests), the period
-// dated from the keep-alive's send time. A keep-alive is never sent on a
-// lease just granted (an etcd 3.4 leader that has not applied the grant
-// yet may answer it with TTL 0: etcd-io/etcd#13675), and a keep-alive
-// reply that comes later than the spare's TTL could have ended is not
-// trusted (etcd-io/etcd#20547): that acquire fails as unavailable. With no
-// spare at hand: 2 (lease grant, then the transaction); 3 when another
+// dated from the keep-alive's send time, after the acquire was sent. A
+// keep-alive is never sent on a lease just granted (an etcd 3.4 leader
+// that has not applied the grant yet may answer it with TTL 0:
+// etcd-io/etcd#13675): a spare granted within the last second is left for
+// later. An acquire whose spare's renewal is not known (the keep-alive
+// failed, found the lease gone, or was answered later than the spare's TTL
+// could have ended: etcd-io/etcd#20547) fails as unavailable, whatever its
+// transaction did. With no spare at hand: 2 (lease grant, then the
+// transaction); 3 when another
 // process changed the key since this Backend last saw it; a refused attempt
 // on a key this Backend saw held costs a read and the holder's
 // time-to-live, and no write. With a MinHold, TryAcquire sends its two

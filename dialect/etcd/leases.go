@@ -16,15 +16,19 @@ import (
 // spare is an etcd lease with no key attached: one that this Backend
 // granted ahead of need (see [Backend.warm]) or for an acquire that was
 // refused, or whose holder key a release deleted. An acquire with the same
-// TTL takes it instead of a lease grant (a raft write on its path).
+// TTL takes it, with a keep-alive sent together with its transaction,
+// instead of a lease grant (a raft write) before it.
 type spare struct {
 	id  clientv3.LeaseID
 	ttl int64     // seconds, as granted
 	at  time.Time // no later than when its current TTL period began
-	// fresh: granted by this Backend at at, with no keep-alive since. Its
-	// TTL period began after at, so it needs no keep-alive while young
-	// (see freshFor).
+	// fresh: granted by this Backend at at, with no keep-alive since;
+	// not taken until freshFor has passed.
 	fresh bool
+	// taken: from the spares, for an acquire sent after its period began,
+	// which needs its keep-alive (see [Backend.renewSpares]); false for
+	// a lease granted for the acquire, whose period began after it.
+	taken bool
 }
 
 // maxSpares bounds the spares kept per TTL; past it a spare is left to
@@ -37,12 +41,12 @@ const maxSpares = 256
 // while releases and refusals keep returning leases.
 const warmSpares = 16
 
-// freshFor is how long after its grant was sent a fresh spare is used as
-// granted, with no keep-alive: its TTL period began after the grant was
-// sent, and a keep-alive sent too soon after a grant may be answered with
-// TTL 0 by an etcd 3.4 leader that has not applied the grant yet
-// (etcd-io/etcd#13675, not backported to 3.4). An older spare is renewed
-// by a keep-alive sent together with the acquire's transaction.
+// freshFor is how long after its grant was sent a fresh spare is left
+// untaken: a keep-alive sent just after a grant may be answered with TTL
+// 0 by an etcd 3.4 leader that has not applied the grant yet
+// (etcd-io/etcd#13675, not backported to 3.4). A spare is never used
+// without a keep-alive: its TTL period began before the acquire was sent,
+// and the Client dates its local deadline from the acquire's send time.
 const freshFor = time.Second
 
 // withHold is l with its Deadline at least the end of its grant's min
@@ -118,33 +122,26 @@ func (b *Backend) grant(ctx context.Context, sec int64) (spare, error) {
 	return spare{id: resp.ID, ttl: resp.TTL, at: sent, fresh: true}, nil
 }
 
-// needsKeepAlive reports whether sp must be kept alive to start a TTL
-// period for a grant made now: every spare but a fresh one younger than
-// young (see freshFor).
-func (sp spare) needsKeepAlive(now time.Time, young time.Duration) bool {
-	return sp.id != 0 && !(sp.fresh && now.Sub(sp.at) < young)
-}
-
-// renewSpares sends one keep-alive for each of the spares that needs one
-// (see [spare.needsKeepAlive]) on the Backend's stream, without waiting
-// for the replies: the caller sends its transaction meanwhile, and then
-// calls the function returned, which waits for the replies and updates
-// the spares. A spare renewed starts its TTL period after the keep-alive's
-// send time, taken before it was sent; one whose keep-alive failed keeps
-// the period it had (a keep-alive never shortens a lease). A spare is
-// gone (its id zeroed; the function reports it) when etcd no longer knows
-// it, and when its reply came too late to tell: the transaction may have
-// put a key on it before it expired, and a keep-alive that reached etcd
-// after the expiry may be answered with a positive TTL once the lease's
-// keys are deleted (etcd-io/etcd#20547). A reply that came before the
-// spare's TTL period could have ended was answered on a live lease, so
-// the key the transaction put on it (before or after) stays.
+// renewSpares sends one keep-alive for each of the spares taken (see
+// [spare.taken]; a zero one is none) on the Backend's stream, without waiting for the replies: the
+// caller sends its transaction meanwhile, and then calls the function
+// returned, which waits for the replies and updates the spares. A spare
+// renewed starts its TTL period after the keep-alive's send time, taken
+// before it was sent, so after the acquire was. A spare is gone (its id
+// zeroed; the function reports it) when its renewal is not known: etcd no
+// longer knows it; the keep-alive failed (the spare's period began before
+// the acquire was sent, which the Client's local deadline does not allow
+// for); or its reply came too late to tell: the transaction may have put a
+// key on it before it expired, and a keep-alive that reached etcd after
+// the expiry may be answered with a positive TTL once the lease's keys are
+// deleted (etcd-io/etcd#20547). A reply that came before the spare's TTL
+// period could have ended was answered on a live lease, so the key the
+// transaction put on it (before or after) stays.
 func (b *Backend) renewSpares(ctx context.Context, sps ...*spare) func() (gone bool) {
 	var ids []clientv3.LeaseID
 	var renew []*spare
-	now := time.Now()
 	for _, sp := range sps {
-		if sp.needsKeepAlive(now, b.freshFor) {
+		if sp.id != 0 && sp.taken {
 			ids, renew = append(ids, sp.id), append(renew, sp)
 		}
 	}
@@ -165,15 +162,17 @@ func (b *Backend) renewSpares(ctx context.Context, sps ...*spare) func() (gone b
 	return func() (gone bool) {
 		r := <-done
 		if r.err != nil {
-			return false // no renewal known: the period each had
+			for _, sp := range renew {
+				sp.id = 0 // renewed or not: not known
+			}
+			return true
 		}
 		for i, sp := range renew {
-			switch ttl := r.ttls[i]; {
-			case ttl <= 0 || !r.got.Before(sp.at.Add(time.Duration(sp.ttl)*time.Second)):
+			if r.ttls[i] <= 0 || !r.got.Before(sp.at.Add(time.Duration(sp.ttl)*time.Second)) {
 				sp.id, gone = 0, true
-			default:
-				sp.ttl, sp.at, sp.fresh = ttl, sent, false
+				continue
 			}
+			sp.ttl, sp.at, sp.fresh, sp.taken = r.ttls[i], sent, false, false
 		}
 		return gone
 	}
@@ -224,7 +223,8 @@ func (b *Backend) warm(sec int64, n int) {
 
 // takeSpare takes a spare of the TTL etcd grants for sec seconds that has
 // most likely not expired yet (a second of its TTL left, by this host's
-// clock).
+// clock), the last one kept first, leaving fresh spares younger than
+// freshFor.
 func (b *Backend) takeSpare(sec int64) (spare, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -232,13 +232,20 @@ func (b *Backend) takeSpare(sec int64) (spare, bool) {
 	if !ok {
 		return spare{}, false
 	}
-	for list := b.spares[ttl]; len(list) > 0; list = b.spares[ttl] {
-		sp := list[len(list)-1]
-		b.spares[ttl] = list[:len(list)-1]
+	list := b.spares[ttl]
+	for i := len(list) - 1; i >= 0; i-- {
+		sp := list[i]
+		if sp.fresh && time.Since(sp.at) < freshFor {
+			continue // left for later
+		}
+		list = append(list[:i], list[i+1:]...)
 		if sp.alive() {
+			b.spares[ttl] = list
+			sp.taken = true
 			return sp, true
 		}
 	}
+	b.spares[ttl] = list
 	return spare{}, false
 }
 
@@ -265,6 +272,7 @@ func (b *Backend) putSpare(sp spare) {
 	if sp.id == 0 {
 		return
 	}
+	sp.taken = false
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.spares[sp.ttl]) < maxSpares {

@@ -39,9 +39,6 @@ func counted(t *testing.T) (*Backend, *etcdtest.Calls, *Backend) {
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	b, calls, other := counted(t)
-	// A fresh spare (a lease granted for a refused acquire) is taken with
-	// no keep-alive however slowly the steps run.
-	b.freshFor = time.Hour
 	ctx := testCtx(t)
 	req := func(key, owner string) sqllock.AcquireRequest {
 		return sqllock.AcquireRequest{Key: key, TTL: 10 * time.Second, Owner: owner}
@@ -117,13 +114,12 @@ func TestRoundTrips(t *testing.T) {
 	})
 	require.Greater(t, he.Remaining, 8*time.Second, "the holder's remaining time from etcd's time-to-live")
 	// A min hold: a second lease grant, sent together with the first (one
-	// round trip of latency; here the first is the fresh spare that the
-	// refused acquire left, taken as granted), then the transaction; the release that
+	// round trip of latency), then the transaction; the release that
 	// leaves the hold is one transaction; List knows the hold's end; a
 	// refusal costs what acquire_refused_first does.
 	hold := req("hold", "o4")
 	hold.MinHold = time.Hour
-	step("acquire_min_hold", 2, func() { l, err = b.TryAcquire(ctx, hold); require.NoError(t, err) })
+	step("acquire_min_hold", 3, func() { l, err = b.TryAcquire(ctx, hold); require.NoError(t, err) })
 	step("release_in_min_hold", 1, func() { require.NoError(t, b.Release(ctx, l)) })
 	step("list_1_in_min_hold", 1, func() { _, err := b.List(ctx, "hold"); require.NoError(t, err) })
 	// The holder's etcd lease, released, is not kept as a spare of the
