@@ -271,8 +271,10 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: the holder moved between etcd leases under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
 }
 
-// Release implements [sqllock.Backend]: one transaction that deletes the
-// holder and records who released, iff l's token holds the key. The
+// Release implements [sqllock.Backend]: one transaction (one raft write)
+// that deletes the holder and records who released, iff l's token holds
+// the key; a second when it finds a min-hold key that this Backend did
+// not grant (see releaseTxn). The
 // min-hold key of l's grant stays when its owner releases (the key stays
 // taken until etcd expires the hold's lease), and goes when another owner
 // does (a forced release ends the hold at once).
@@ -287,18 +289,23 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err != nil {
 		return err
 	}
-	resp, err := b.cli.Txn(ctx).If(
-		b.holds(l),
-	).Then(
-		clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
-		clientv3.OpPut(b.releaseKey(l.Key), string(rel)),
-		b.endHold(l),
-	).Else(b.stateOps(l.Key)...).Commit()
+	// The common release is flat: the holder's delete and the release
+	// record, iff l holds the key and no min-hold key is there. When this
+	// Backend granted l with a min hold, or the flat one finds a min-hold
+	// key that it did not know of, the release ends the hold too unless
+	// l's owner releases (a nested transaction, about 50 µs more).
+	seen := b.recall(l.Key)
+	flat := !(seen.token == l.Token && seen.holdLease != 0)
+	resp, err := b.releaseTxn(ctx, l, string(rel), flat)
+	if err == nil && !resp.Succeeded && flat {
+		if s, perr := parseState(l.Key, resp.Responses); perr == nil && s.hold != nil && s.held() && s.rec.Token == l.Token {
+			resp, err = b.releaseTxn(ctx, l, string(rel), false)
+		}
+	}
 	if err != nil {
 		return translate(ctx, outcome.Release, l.Key, err)
 	}
 	if resp.Succeeded {
-		seen := b.recall(l.Key)
 		b.rememberLease(l.Key, l.Token, 0, time.Time{})
 		// The etcd lease is left without a key: kept for reuse (its TTL
 		// period began no earlier than l's BackendTime), else it expires
@@ -356,6 +363,24 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		}
 	}
 	return fmt.Errorf("sqllock/etcd: release %q: %w: the key changed under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+// releaseTxn is the transaction of a release of l that holds the key:
+// the holder's delete (its previous value returned) and release record
+// rel; flat, iff no min-hold key is there, else with the nested
+// transaction that ends the hold unless l's owner releases.
+func (b *Backend) releaseTxn(ctx context.Context, l sqllock.Lease, rel string, flat bool) (*clientv3.TxnResponse, error) {
+	cmps := []clientv3.Cmp{b.holds(l)}
+	ops := []clientv3.Op{
+		clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
+		clientv3.OpPut(b.releaseKey(l.Key), rel),
+	}
+	if flat {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(b.holdKey(l.Key)), "=", 0))
+	} else {
+		ops = append(ops, b.endHold(l))
+	}
+	return b.cli.Txn(ctx).If(cmps...).Then(ops...).Else(b.stateOps(l.Key)...).Commit()
 }
 
 func lostOrNil(lost *sqllock.LostError) error {
