@@ -171,7 +171,9 @@ func TestAcquireLateKeepAliveNotTrusted(t *testing.T) {
 	b, calls, _ := counted(t)
 	ctx := testCtx(t)
 	spare := spareFor(t, b, "first", 2*time.Second)
+	b.mu.Lock()
 	granted := b.granted[2]
+	b.mu.Unlock()
 	calls.SetKeepAlive(func(id int64) int64 {
 		if id != int64(spare) {
 			return 0
