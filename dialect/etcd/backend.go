@@ -71,8 +71,10 @@ func (b *Backend) Prefix() string { return b.prefix }
 // changing under it (grants and releases by others between two attempts).
 const maxAttempts = 8
 
-// TryAcquire implements [sqllock.Backend]. A grant costs a lease grant and
-// one transaction (see the package doc for the other cases).
+// TryAcquire implements [sqllock.Backend]. A grant costs one transaction
+// and the keep-alive of a spare etcd lease, sent together (one round trip
+// of latency), or a lease grant and then the transaction when no spare is
+// at hand (see the package doc for the other cases).
 func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
