@@ -37,6 +37,7 @@ type Backend struct {
 	warmWG  sync.WaitGroup        // the warm goroutines
 	watch   watches
 	ka      keepAlives
+	rel     relGroup
 }
 
 var (
@@ -298,7 +299,20 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	// l's owner releases (a nested transaction, about 50 µs more).
 	seen := b.recall(l.Key)
 	flat := !(seen.token == l.Token && seen.holdLease != 0)
-	resp, err := b.releaseTxn(ctx, l, string(rel), flat)
+	var resp *clientv3.TxnResponse
+	if flat {
+		var o relOutcome
+		resp, err, o = b.releaseFlat(ctx, l, string(rel))
+		switch {
+		case o.err != nil:
+			return o.err
+		case o.ok:
+			b.released(l, seen, o.prev)
+			return nil
+		}
+	} else {
+		resp, err = b.releaseTxn(ctx, l, string(rel), false)
+	}
 	if err == nil && !resp.Succeeded && flat {
 		if s, perr := parseState(l.Key, resp.Responses); perr == nil && s.hold != nil && s.held() && s.rec.Token == l.Token {
 			resp, err = b.releaseTxn(ctx, l, string(rel), false)
@@ -308,21 +322,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		return translate(ctx, outcome.Release, l.Key, err)
 	}
 	if resp.Succeeded {
-		b.rememberLease(l.Key, l.Token, 0, time.Time{})
-		// The etcd lease is left without a key: kept for reuse (its TTL
-		// period began no earlier than l's BackendTime), else it expires
-		// by itself; a revoke would cost a raft write for nothing. Not
-		// when l's Deadline may be its min hold's end rather than its
-		// etcd lease's: the TTL would be wrong.
-		leaseEnd := l.Deadline
-		if seen.token == l.Token && !seen.holdUntil.IsZero() && !l.Deadline.After(seen.holdUntil) {
-			leaseEnd = time.Time{}
-		}
-		if prev := resp.Responses[0].GetResponseDeleteRange().GetPrevKvs(); len(prev) == 1 && prev[0].Lease != 0 {
-			if ttl := leaseEnd.Sub(l.BackendTime); ttl > 0 && ttl%time.Second == 0 && !l.BackendTime.IsZero() {
-				b.putSpare(spare{id: clientv3.LeaseID(prev[0].Lease), ttl: int64(ttl / time.Second), at: l.BackendTime})
-			}
-		}
+		b.released(l, seen, resp.Responses[0].GetResponseDeleteRange().GetPrevKvs())
 		return nil
 	}
 	for range maxAttempts {
@@ -365,6 +365,26 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		}
 	}
 	return fmt.Errorf("sqllock/etcd: release %q: %w: the key changed under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+// released records the release of l, whose holder key's previous value
+// was prev, when this Backend last saw seen of its key.
+func (b *Backend) released(l sqllock.Lease, seen seenRecord, prev []*mvccpb.KeyValue) {
+	b.rememberLease(l.Key, l.Token, 0, time.Time{})
+	// The etcd lease is left without a key: kept for reuse (its TTL
+	// period began no earlier than l's BackendTime), else it expires by
+	// itself; a revoke would cost a raft write for nothing. Not when l's
+	// Deadline may be its min hold's end rather than its etcd lease's: the
+	// TTL would be wrong.
+	leaseEnd := l.Deadline
+	if seen.token == l.Token && !seen.holdUntil.IsZero() && !l.Deadline.After(seen.holdUntil) {
+		leaseEnd = time.Time{}
+	}
+	if len(prev) == 1 && prev[0].Lease != 0 {
+		if ttl := leaseEnd.Sub(l.BackendTime); ttl > 0 && ttl%time.Second == 0 && !l.BackendTime.IsZero() {
+			b.putSpare(spare{id: clientv3.LeaseID(prev[0].Lease), ttl: int64(ttl / time.Second), at: l.BackendTime})
+		}
+	}
 }
 
 // releaseTxn is the transaction of a release of l that holds the key:
