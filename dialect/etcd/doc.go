@@ -138,7 +138,7 @@
 // every lease, as nested transactions of at most [Options.MaxTxnOps] − 3
 // leases each (etcd counts a nested transaction's operations against what
 // its parent leaves); longer TTLs get new etcd leases, moved in
-// transactions split the same way. Release: 1; while two releases of a
+// transactions split the same way. Release: 1; while four releases of a
 // Backend are in flight, further concurrent ones queue and go together,
 // one nested transaction each, in one transaction (one raft entry) when
 // the first of those in flight is answered (group commit: one release per

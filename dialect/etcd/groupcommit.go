@@ -46,8 +46,11 @@ type relGroup struct {
 }
 
 // releaseInFlight is how many releases (single or batches) a Backend
-// sends concurrently before it queues further ones for a batch.
-const releaseInFlight = 2
+// sends concurrently before it queues further ones for a batch: 4, as the
+// PostgreSQL backend's group commit, whose measurements found that with 2
+// a third caller at 4 goroutines waits where it could have gone at once
+// (not told apart for etcd yet: the runs at hand varied by ±15%).
+const releaseInFlight = 4
 
 // maxBatchBytes bounds a batch's request: under etcd's default
 // --max-request-bytes (1.5 MiB), with room for the envelope.
