@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -37,7 +38,8 @@ type Backend struct {
 	warmWG  sync.WaitGroup        // the warm goroutines
 	watch   watches
 	ka      keepAlives
-	rel     relGroup
+	acq     txnGroup // group commit of grants
+	rel     txnGroup // group commit of releases
 }
 
 var (
@@ -60,6 +62,8 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 	}
 	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
 		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares}
+	b.acq = txnGroup{op: outcome.Acquire, width: 3}
+	b.rel = txnGroup{op: outcome.Release, width: 2}
 	b.watch.b = b
 	b.ka.cli = cli
 	return b, nil
@@ -139,11 +143,29 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		if hold.id != 0 {
 			puts = append(puts, clientv3.OpPut(b.holdKey(req.Key), holdValue(token, req.Owner), clientv3.WithLease(hold.id)))
 		}
-		resp, err := b.cli.Txn(ctx).If(
+		cmps := []clientv3.Cmp{
 			clientv3.Compare(clientv3.CreateRevision(b.holderKey(req.Key)), "=", 0),
 			clientv3.Compare(clientv3.CreateRevision(b.holdKey(req.Key)), "=", 0),
 			clientv3.Compare(clientv3.ModRevision(b.tokenKey(req.Key)), "=", seen.rev),
-		).Then(puts...).Else(b.stateOps(req.Key)...).Commit()
+		}
+		grantTxn := func() (*clientv3.TxnResponse, error) {
+			return b.cli.Txn(ctx).If(cmps...).Then(puts...).Else(b.stateOps(req.Key)...).Commit()
+		}
+		var resp *clientv3.TxnResponse
+		if hold.id == 0 {
+			// Without a min hold, a grant may share a transaction with
+			// others (see txnGroup).
+			var o groupOutcome
+			resp, err, o = b.viaGroup(ctx, &b.acq, req.Key, clientv3.OpTxn(cmps, puts, nil), 4*len(b.tokenKey(req.Key))+len(rec)+64, grantTxn)
+			switch {
+			case o.err != nil:
+				return sqllock.Lease{}, o.err
+			case o.tr != nil:
+				resp = &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: o.rev}, Succeeded: true}
+			}
+		} else {
+			resp, err = grantTxn()
+		}
 		if err != nil {
 			// Neither etcd lease is kept as a spare: a key may be on it.
 			return sqllock.Lease{}, translate(ctx, outcome.Acquire, req.Key, err)
@@ -301,13 +323,14 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	flat := !(seen.token == l.Token && seen.holdLease != 0)
 	var resp *clientv3.TxnResponse
 	if flat {
-		var o relOutcome
-		resp, err, o = b.releaseFlat(ctx, l, string(rel))
+		var o groupOutcome
+		resp, err, o = b.viaGroup(ctx, &b.rel, l.Key, b.releaseOp(l, string(rel)), 4*len(b.holderKey(l.Key))+len(rel)+64,
+			func() (*clientv3.TxnResponse, error) { return b.releaseTxn(ctx, l, string(rel), true) })
 		switch {
 		case o.err != nil:
 			return o.err
-		case o.ok:
-			b.released(l, seen, o.prev)
+		case o.tr != nil:
+			b.released(l, seen, o.tr.Responses[0].GetResponseDeleteRange().GetPrevKvs())
 			return nil
 		}
 	} else {
@@ -385,6 +408,17 @@ func (b *Backend) released(l sqllock.Lease, seen seenRecord, prev []*mvccpb.KeyV
 			b.putSpare(spare{id: clientv3.LeaseID(prev[0].Lease), ttl: int64(ttl / time.Second), at: l.BackendTime})
 		}
 	}
+}
+
+// releaseOp is the flat release of l, record rel, as a nested
+// transaction of a batch (see txnGroup): releaseTxn's, without its reads.
+func (b *Backend) releaseOp(l sqllock.Lease, rel string) clientv3.Op {
+	return clientv3.OpTxn(
+		[]clientv3.Cmp{b.holds(l), clientv3.Compare(clientv3.CreateRevision(b.holdKey(l.Key)), "=", 0)},
+		[]clientv3.Op{
+			clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
+			clientv3.OpPut(b.releaseKey(l.Key), rel),
+		}, nil)
 }
 
 // releaseTxn is the transaction of a release of l that holds the key:

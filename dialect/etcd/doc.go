@@ -138,13 +138,14 @@
 // every lease, as nested transactions of at most [Options.MaxTxnOps] − 3
 // leases each (etcd counts a nested transaction's operations against what
 // its parent leaves); longer TTLs get new etcd leases, moved in
-// transactions split the same way. Release: 1; while four releases of a
-// Backend are in flight, further concurrent ones queue and go together,
-// one nested transaction each, in one transaction (one raft entry) when
-// the first of those in flight is answered (group commit: one release per
-// key in a batch, a batch within [Options.MaxTxnOps]; a release whose
-// nested transaction failed is sent again alone, so each gets the single
-// release's answer). List: 1, plus one
+// transactions split the same way. Release: 1. Group commit: while four
+// grants (an acquire's transaction, without a min hold) of a Backend are
+// in flight, further concurrent ones queue and go together, one nested
+// transaction each, in one transaction (one raft entry) when the first of
+// those in flight is answered; releases likewise, in batches of their own.
+// One call per key in a batch, a batch within [Options.MaxTxnOps]; a call
+// whose nested transaction failed changed nothing and is sent again alone,
+// so each gets the single call's answer. List: 1, plus one
 // time-to-live per held key that this Backend did not grant or renew last
 // (for those it reports the Deadline it reported), and one per min hold
 // it did not grant. Only grants, releases and lease grants are

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,16 +17,23 @@ import (
 )
 
 // slowTxns makes every transaction's reply come 30 ms late, so that
-// concurrent releases queue for batches, and records the errors the
+// concurrent calls queue for batches, and records the errors the
 // transactions got.
 func slowTxns(b *Backend, calls interface {
 	SetFail(func(string, error) error)
 }) func() []error {
+	return slowTxnsBy(calls, 30*time.Millisecond)
+}
+
+// slowTxnsBy is slowTxns with replies d late.
+func slowTxnsBy(calls interface {
+	SetFail(func(string, error) error)
+}, d time.Duration) func() []error {
 	var mu sync.Mutex
 	var errs []error
 	calls.SetFail(func(method string, err error) error {
 		if method == "Txn" {
-			time.Sleep(30 * time.Millisecond)
+			time.Sleep(d)
 			if err != nil {
 				mu.Lock()
 				errs = append(errs, err)
@@ -135,7 +143,7 @@ func TestReleaseBatchWithinMaxTxnOps(t *testing.T) {
 		require.NoError(t, err)
 		ls = append(ls, l)
 	}
-	txnErrs := slowTxns(b, calls)
+	txnErrs := slowTxnsBy(calls, 300*time.Millisecond) // all queued before the first batch
 	errs := releaseAll(ctx, b, ls)
 	calls.SetFail(nil)
 	require.Empty(t, txnErrs(), "a batch etcd refused")
@@ -152,7 +160,7 @@ func TestReleaseQueuedCancelledNotSent(t *testing.T) {
 	b, calls, _ := counted(t)
 	ctx := testCtx(t)
 	var ls []sqllock.Lease
-	for i := range releaseInFlight + 3 {
+	for i := range groupInFlight + 3 {
 		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: "o"})
 		require.NoError(t, err)
 		ls = append(ls, l)
@@ -164,23 +172,23 @@ func TestReleaseQueuedCancelledNotSent(t *testing.T) {
 		return err
 	})
 	var wg sync.WaitGroup
-	for _, l := range ls[:releaseInFlight] {
+	for _, l := range ls[:groupInFlight] {
 		wg.Go(func() { require.NoError(t, b.Release(ctx, l)) })
 	}
 	time.Sleep(30 * time.Millisecond) // both in flight
 	// Two more queue behind them, for a batch.
-	for _, l := range ls[releaseInFlight+1:] {
+	for _, l := range ls[groupInFlight+1:] {
 		wg.Go(func() { require.NoError(t, b.Release(ctx, l)) })
 	}
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 	defer cancel()
-	err := b.Release(qctx, ls[releaseInFlight])
+	err := b.Release(qctx, ls[groupInFlight])
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Contains(t, err.Error(), "not sent")
 	wg.Wait()
 	calls.SetFail(nil)
-	require.NotZero(t, holderLease(t, b, ls[releaseInFlight].Key), "the queued release was sent after all")
-	for _, l := range ls[releaseInFlight+1:] {
+	require.NotZero(t, holderLease(t, b, ls[groupInFlight].Key), "the queued release was sent after all")
+	for _, l := range ls[groupInFlight+1:] {
 		require.Zero(t, holderLease(t, b, l.Key), l.Key)
 	}
 }
@@ -195,7 +203,7 @@ func TestReleaseBatchLostReply(t *testing.T) {
 	b, calls, _ := counted(t)
 	ctx := testCtx(t)
 	var ls []sqllock.Lease
-	for i := range releaseInFlight + 4 {
+	for i := range groupInFlight + 4 {
 		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: "o"})
 		require.NoError(t, err)
 		ls = append(ls, l)
@@ -209,7 +217,7 @@ func TestReleaseBatchLostReply(t *testing.T) {
 		time.Sleep(30 * time.Millisecond)
 		mu.Lock()
 		defer mu.Unlock()
-		if lost < releaseInFlight+1 { // the releases sent alone, and the batch of the others
+		if lost < groupInFlight+1 { // the releases sent alone, and the batch of the others
 			lost++
 			return status.Error(codes.Unavailable, "reply lost")
 		}
@@ -222,5 +230,123 @@ func TestReleaseBatchLostReply(t *testing.T) {
 		require.NotContains(t, err.Error(), "not sent")
 		require.Zero(t, holderLease(t, b, ls[i].Key), "%s: applied", ls[i].Key)
 		require.NoError(t, b.Release(ctx, ls[i]), "%s: the owner's repeat", ls[i].Key)
+	}
+}
+
+// acquireAll acquires reqs concurrently and returns their leases and
+// errors.
+func acquireAll(ctx context.Context, b *Backend, reqs []sqllock.AcquireRequest) ([]sqllock.Lease, []error) {
+	ls := make([]sqllock.Lease, len(reqs))
+	errs := make([]error, len(reqs))
+	var wg sync.WaitGroup
+	for i, req := range reqs {
+		wg.Go(func() { ls[i], errs[i] = b.TryAcquire(ctx, req) })
+	}
+	wg.Wait()
+	return ls, errs
+}
+
+// TestAcquireGroupCommit: concurrent grants share transactions (nested,
+// one per grant), with the single acquire's answers: a free key granted
+// with the next token; a key held elsewhere refused, naming its holder
+// (the nested transaction failed, and the acquire was sent again alone);
+// a key granted and released elsewhere since this Backend saw it granted
+// with the token after that one.
+func TestAcquireGroupCommit(t *testing.T) {
+	t.Parallel()
+	b, calls, other := counted(t)
+	ctx := testCtx(t)
+	const n = 24
+	held := func(i int) bool { return i%5 == 1 }
+	changed := func(i int) bool { return i%5 == 3 }
+	var reqs []sqllock.AcquireRequest
+	for i := range n {
+		key := fmt.Sprintf("k%02d", i)
+		reqs = append(reqs, sqllock.AcquireRequest{Key: key, TTL: 10 * time.Second, Owner: "o"})
+		if held(i) || changed(i) {
+			ol, err := other.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: 10 * time.Second, Owner: "x"})
+			require.NoError(t, err)
+			if changed(i) {
+				require.NoError(t, other.Release(ctx, ol))
+			}
+		}
+	}
+	txnErrs := slowTxns(b, calls)
+	calls.Take()
+	ls, errs := acquireAll(ctx, b, reqs)
+	_, by := calls.Take()
+	calls.SetFail(nil)
+	require.Empty(t, txnErrs())
+	var txns int
+	_, err := fmt.Sscanf(by[strings.Index(by, "Txn×"):], "Txn×%d", &txns)
+	require.NoError(t, err, by)
+	require.Less(t, txns, n-4, "batched: %s", by)
+	for i, req := range reqs {
+		switch {
+		case held(i):
+			var he *sqllock.HeldError
+			require.True(t, errors.As(errs[i], &he), "%s: %v", req.Key, errs[i])
+			require.Equal(t, "x", he.Owner)
+		case changed(i):
+			require.NoError(t, errs[i], req.Key)
+			require.Equal(t, int64(2), ls[i].Token, req.Key)
+		default:
+			require.NoError(t, errs[i], req.Key)
+			require.Equal(t, int64(1), ls[i].Token, req.Key)
+			require.Equal(t, 10*time.Second, ls[i].Deadline.Sub(ls[i].BackendTime))
+		}
+		if errs[i] == nil {
+			heldBy(t, other, req.Key, "o", ls[i].Token)
+		}
+	}
+}
+
+// TestAcquireGroupOneKeyOnce: two owners' acquires of one key queued
+// together go in two batches (etcd refuses a transaction that writes a
+// key twice): one is granted, the other refused, as single acquires.
+func TestAcquireGroupOneKeyOnce(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	var reqs []sqllock.AcquireRequest
+	for i := range 12 {
+		for _, owner := range []string{"a", "b"} {
+			reqs = append(reqs, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: owner})
+		}
+	}
+	txnErrs := slowTxns(b, calls)
+	_, errs := acquireAll(ctx, b, reqs)
+	calls.SetFail(nil)
+	require.Empty(t, txnErrs(), "a batch etcd refused")
+	for i := 0; i < len(reqs); i += 2 {
+		granted := 0
+		for _, err := range errs[i : i+2] {
+			if err == nil {
+				granted++
+			} else {
+				require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+			}
+		}
+		require.Equal(t, 1, granted, reqs[i].Key)
+	}
+}
+
+// TestAcquireGroupWithinMaxTxnOps: a queue of grants longer than a
+// transaction may hold goes in several batches, none of which etcd
+// refuses.
+func TestAcquireGroupWithinMaxTxnOps(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	var reqs []sqllock.AcquireRequest
+	for i := range DefaultMaxTxnOps + 20 {
+		reqs = append(reqs, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: "o"})
+	}
+	txnErrs := slowTxnsBy(calls, 300*time.Millisecond) // all queued before the first batch
+	_, errs := acquireAll(ctx, b, reqs)
+	calls.SetFail(nil)
+	require.Empty(t, txnErrs(), "a batch etcd refused")
+	for i, err := range errs {
+		require.NoError(t, err, reqs[i].Key)
 	}
 }
