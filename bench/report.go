@@ -540,7 +540,7 @@ func (r *Report) etcdMarkdown(w func(string, ...any), gs []int) {
 	if r.Etcd != nil {
 		version = r.Etcd.Version
 	}
-	w("\n## etcd: TryAcquire + Release pairs/s\n\nOne etcd %s member started from the machine's binary (data directory on the temp file system, etcd's default durable settings), random keys; etcd's `concurrency.Mutex` does TryLock + Unlock with one session per goroutine (its lease granted once, before the cell, and kept alive in the background), where each ashlock lease has a TTL and an etcd lease of its own (granted, or a released one renewed with a keep-alive), so an ashlock pair costs one round trip more.\n\n| contender | %s |\n|---|%s\n", version, cols(gs, "", false), strings.Repeat("--:|", len(gs)))
+	w("\n## etcd: TryAcquire + Release pairs/s\n\nOne etcd %s member started from the machine's binary (data directory on the temp file system, etcd's default durable settings), random keys; etcd's `concurrency.Mutex` does TryLock + Unlock with one session per goroutine (its lease granted once, before the cell, and kept alive in the background), where each ashlock lease has a TTL and an etcd lease of its own (a spare one, granted ahead or left by a release, renewed by a keep-alive sent together with the grant's transaction), so an ashlock pair costs one request more (a keep-alive, a transaction and a release transaction against a transaction and a delete), and no round trip more.\n\n| contender | %s |\n|---|%s\n", version, cols(gs, "", false), strings.Repeat("--:|", len(gs)))
 	for _, c := range []string{"mutex", "backend", "client"} {
 		w("| %s |", name("etcd", c))
 		for _, g := range gs {

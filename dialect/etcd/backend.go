@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -28,12 +29,17 @@ type Backend struct {
 	prefix string
 	maxOps int // operations per transaction, at most
 
-	mu      sync.Mutex            // guards seen, spares, granted
+	mu      sync.Mutex            // guards seen, spares, granted, warming
 	seen    map[string]seenRecord // the last token record seen per key; a hint only
 	spares  map[int64][]spare     // keyless etcd leases for reuse, by granted TTL (seconds)
 	granted map[int64]int64       // requested TTL → the TTL etcd granted for it (seconds)
+	warming map[int64]bool        // requested TTLs whose spares are being granted (see warm)
+	warmTo  int                   // spares kept at hand per TTL in use; 0: none granted ahead
+	warmWG  sync.WaitGroup        // the warm goroutines
 	watch   watches
 	ka      keepAlives
+	acq     txnGroup // group commit of grants
+	rel     txnGroup // group commit of releases
 }
 
 var (
@@ -55,7 +61,9 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("sqllock/etcd: invalid MaxTxnOps %d: want 0 (the default, %d) or at least %d", opts.MaxTxnOps, DefaultMaxTxnOps, minTxnOps)
 	}
 	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
-		spares: make(map[int64][]spare), granted: make(map[int64]int64)}
+		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares}
+	b.acq = txnGroup{op: outcome.Acquire, width: 3}
+	b.rel = txnGroup{op: outcome.Release, width: 2}
 	b.watch.b = b
 	b.ka.cli = cli
 	return b, nil
@@ -68,8 +76,10 @@ func (b *Backend) Prefix() string { return b.prefix }
 // changing under it (grants and releases by others between two attempts).
 const maxAttempts = 8
 
-// TryAcquire implements [sqllock.Backend]. A grant costs a lease grant and
-// one transaction (see the package doc for the other cases).
+// TryAcquire implements [sqllock.Backend]. A grant costs one transaction
+// and the keep-alive of a spare etcd lease, sent together (one round trip
+// of latency), or a lease grant and then the transaction when no spare is
+// at hand (see the package doc for the other cases).
 func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
@@ -90,15 +100,32 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		}
 		seen = s.seen()
 	}
-	sent := time.Now()
-	grant, hold, err := b.grantLeases(ctx, req, sent)
+	grant, hold, err := b.takeLeases(ctx, req)
 	if err != nil {
 		return sqllock.Lease{}, err
 	}
-	lease := sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: sent, Deadline: sent.Add(time.Duration(max(grant.ttl, hold.ttl)) * time.Second)}
+	// The spares' keep-alives go out with the first transaction, not
+	// before it: one round trip of latency for both.
+	renewed := b.renewSpares(ctx, &grant, &hold)
+	waited, gone := false, false
+	settle := func() (sqllock.Lease, bool) {
+		if !waited {
+			waited, gone = true, renewed()
+		}
+		start := grant.at
+		if hold.id != 0 && hold.at.Before(start) {
+			start = hold.at
+		}
+		return sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: start, Deadline: start.Add(time.Duration(max(grant.ttl, hold.ttl)) * time.Second)}, gone
+	}
 	for range maxAttempts {
 		if seen.token == math.MaxInt64 {
+			lease, gone := settle()
 			b.putSpare(hold)
+			if gone {
+				b.putSpare(grant)
+				return sqllock.Lease{}, b.leaseGone(req.Key)
+			}
 			return b.exhausted(ctx, lease, grant)
 		}
 		token := seen.token + 1
@@ -113,23 +140,49 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			clientv3.OpPut(b.tokenKey(req.Key), string(rec)),
 			clientv3.OpPut(b.holderKey(req.Key), tokenString(token), clientv3.WithLease(grant.id)),
 		}
-		var until time.Time
 		if hold.id != 0 {
 			puts = append(puts, clientv3.OpPut(b.holdKey(req.Key), holdValue(token, req.Owner), clientv3.WithLease(hold.id)))
-			until = sent.Add(time.Duration(hold.ttl) * time.Second)
 		}
-		resp, err := b.cli.Txn(ctx).If(
+		cmps := []clientv3.Cmp{
 			clientv3.Compare(clientv3.CreateRevision(b.holderKey(req.Key)), "=", 0),
 			clientv3.Compare(clientv3.CreateRevision(b.holdKey(req.Key)), "=", 0),
 			clientv3.Compare(clientv3.ModRevision(b.tokenKey(req.Key)), "=", seen.rev),
-		).Then(puts...).Else(b.stateOps(req.Key)...).Commit()
+		}
+		grantTxn := func() (*clientv3.TxnResponse, error) {
+			return b.cli.Txn(ctx).If(cmps...).Then(puts...).Else(b.stateOps(req.Key)...).Commit()
+		}
+		var resp *clientv3.TxnResponse
+		if hold.id == 0 {
+			// Without a min hold, a grant may share a transaction with
+			// others (see txnGroup).
+			var o groupOutcome
+			resp, err, o = b.viaGroup(ctx, &b.acq, req.Key, clientv3.OpTxn(cmps, puts, nil), 4*len(b.tokenKey(req.Key))+len(rec)+64, grantTxn)
+			switch {
+			case o.err != nil:
+				return sqllock.Lease{}, o.err
+			case o.tr != nil:
+				resp = &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: o.rev}, Succeeded: true}
+			}
+		} else {
+			resp, err = grantTxn()
+		}
 		if err != nil {
 			// Neither etcd lease is kept as a spare: a key may be on it.
 			return sqllock.Lease{}, translate(ctx, outcome.Acquire, req.Key, err)
 		}
+		lease, gone := settle()
 		if resp.Succeeded {
+			var until time.Time
+			if hold.id != 0 {
+				until = hold.at.Add(time.Duration(hold.ttl) * time.Second)
+			}
 			b.remember(req.Key, seenRecord{rev: resp.Header.Revision, token: token, lease: grant.id,
-				deadline: sent.Add(time.Duration(grant.ttl) * time.Second), holdLease: hold.id, holdUntil: until})
+				deadline: grant.at.Add(time.Duration(grant.ttl) * time.Second), holdLease: hold.id, holdUntil: until})
+			if gone {
+				// Granted on an etcd lease that etcd no longer knows:
+				// the grant is over already, and nobody holds the key.
+				return sqllock.Lease{}, b.leaseGone(req.Key)
+			}
 			lease.Token, lease.Value = token, cloneValue(req.Value)
 			return lease, nil
 		}
@@ -141,19 +194,34 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		if s.taken() {
 			b.putSpare(hold) // a repeat keeps its first grant's hold
 			if s.held() && s.rec.Owner == req.Owner {
-				lease.Deadline = sent.Add(time.Duration(grant.ttl) * time.Second)
+				if grant.id == 0 {
+					return sqllock.Lease{}, b.leaseGone(req.Key)
+				}
+				lease.BackendTime = grant.at
+				lease.Deadline = grant.at.Add(time.Duration(grant.ttl) * time.Second)
 				return b.regrant(ctx, lease, s, grant)
 			}
-			b.putSpare(grant)
+			b.putSpare(grant) // none when gone
 			return sqllock.Lease{}, b.refusal(ctx, req.Key, s)
 		}
 		// Free, but the token record changed since this Backend saw it:
 		// try again on the record just read.
 		seen = s.seen()
 	}
-	b.putSpare(grant)
+	settle()
+	b.putSpare(grant) // none when gone
 	b.putSpare(hold)
 	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: acquire %q: %w: the key changed under %d attempts in a row", req.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+// leaseGone is the error of an acquire whose transaction put the holder
+// key on a spare etcd lease whose renewal by the keep-alive sent with it
+// is not known (see [Backend.renewSpares]): not granted (no lease dated
+// from before the acquire was sent, no holder key that etcd may have
+// deleted), and a new attempt decides anew: the same owner's repeat gets
+// the grant onto a new etcd lease if it still holds. Transient.
+func (b *Backend) leaseGone(key string) error {
+	return fmt.Errorf("sqllock/etcd: acquire %q: %w: the keep-alive of the grant's etcd lease did not confirm it; try again", key, sqllock.ErrUnavailable)
 }
 
 // TryRenew implements [sqllock.Backend]: a keep-alive restarts the TTL of
@@ -228,8 +296,10 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	return sqllock.Lease{}, fmt.Errorf("sqllock/etcd: renew %q: %w: the holder moved between etcd leases under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
 }
 
-// Release implements [sqllock.Backend]: one transaction that deletes the
-// holder and records who released, iff l's token holds the key. The
+// Release implements [sqllock.Backend]: one transaction (one raft write)
+// that deletes the holder and records who released, iff l's token holds
+// the key; a second when it finds a min-hold key that this Backend did
+// not grant (see releaseTxn). The
 // min-hold key of l's grant stays when its owner releases (the key stays
 // taken until etcd expires the hold's lease), and goes when another owner
 // does (a forced release ends the hold at once).
@@ -244,33 +314,38 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err != nil {
 		return err
 	}
-	resp, err := b.cli.Txn(ctx).If(
-		b.holds(l),
-	).Then(
-		clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
-		clientv3.OpPut(b.releaseKey(l.Key), string(rel)),
-		b.endHold(l),
-	).Else(b.stateOps(l.Key)...).Commit()
+	// The common release is flat: the holder's delete and the release
+	// record, iff l holds the key and no min-hold key is there. When this
+	// Backend granted l with a min hold, or the flat one finds a min-hold
+	// key that it did not know of, the release ends the hold too unless
+	// l's owner releases (a nested transaction, about 50 µs more).
+	seen := b.recall(l.Key)
+	flat := !(seen.token == l.Token && seen.holdLease != 0)
+	var resp *clientv3.TxnResponse
+	if flat {
+		var o groupOutcome
+		resp, err, o = b.viaGroup(ctx, &b.rel, l.Key, b.releaseOp(l, string(rel)), 4*len(b.holderKey(l.Key))+len(rel)+64,
+			func() (*clientv3.TxnResponse, error) { return b.releaseTxn(ctx, l, string(rel), true) })
+		switch {
+		case o.err != nil:
+			return o.err
+		case o.tr != nil:
+			b.released(l, seen, o.tr.Responses[0].GetResponseDeleteRange().GetPrevKvs())
+			return nil
+		}
+	} else {
+		resp, err = b.releaseTxn(ctx, l, string(rel), false)
+	}
+	if err == nil && !resp.Succeeded && flat {
+		if s, perr := parseState(l.Key, resp.Responses); perr == nil && s.hold != nil && s.held() && s.rec.Token == l.Token {
+			resp, err = b.releaseTxn(ctx, l, string(rel), false)
+		}
+	}
 	if err != nil {
 		return translate(ctx, outcome.Release, l.Key, err)
 	}
 	if resp.Succeeded {
-		seen := b.recall(l.Key)
-		b.rememberLease(l.Key, l.Token, 0, time.Time{})
-		// The etcd lease is left without a key: kept for reuse (its TTL
-		// period began no earlier than l's BackendTime), else it expires
-		// by itself; a revoke would cost a raft write for nothing. Not
-		// when l's Deadline may be its min hold's end rather than its
-		// etcd lease's: the TTL would be wrong.
-		leaseEnd := l.Deadline
-		if seen.token == l.Token && !seen.holdUntil.IsZero() && !l.Deadline.After(seen.holdUntil) {
-			leaseEnd = time.Time{}
-		}
-		if prev := resp.Responses[0].GetResponseDeleteRange().GetPrevKvs(); len(prev) == 1 && prev[0].Lease != 0 {
-			if ttl := leaseEnd.Sub(l.BackendTime); ttl > 0 && ttl%time.Second == 0 && !l.BackendTime.IsZero() {
-				b.putSpare(spare{id: clientv3.LeaseID(prev[0].Lease), ttl: int64(ttl / time.Second), at: l.BackendTime})
-			}
-		}
+		b.released(l, seen, resp.Responses[0].GetResponseDeleteRange().GetPrevKvs())
 		return nil
 	}
 	for range maxAttempts {
@@ -313,6 +388,55 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		}
 	}
 	return fmt.Errorf("sqllock/etcd: release %q: %w: the key changed under %d attempts in a row", l.Key, sqllock.ErrUnavailable, maxAttempts)
+}
+
+// released records the release of l, whose holder key's previous value
+// was prev, when this Backend last saw seen of its key.
+func (b *Backend) released(l sqllock.Lease, seen seenRecord, prev []*mvccpb.KeyValue) {
+	b.rememberLease(l.Key, l.Token, 0, time.Time{})
+	// The etcd lease is left without a key: kept for reuse (its TTL
+	// period began no earlier than l's BackendTime), else it expires by
+	// itself; a revoke would cost a raft write for nothing. Not when l's
+	// Deadline may be its min hold's end rather than its etcd lease's: the
+	// TTL would be wrong.
+	leaseEnd := l.Deadline
+	if seen.token == l.Token && !seen.holdUntil.IsZero() && !l.Deadline.After(seen.holdUntil) {
+		leaseEnd = time.Time{}
+	}
+	if len(prev) == 1 && prev[0].Lease != 0 {
+		if ttl := leaseEnd.Sub(l.BackendTime); ttl > 0 && ttl%time.Second == 0 && !l.BackendTime.IsZero() {
+			b.putSpare(spare{id: clientv3.LeaseID(prev[0].Lease), ttl: int64(ttl / time.Second), at: l.BackendTime})
+		}
+	}
+}
+
+// releaseOp is the flat release of l, record rel, as a nested
+// transaction of a batch (see txnGroup): releaseTxn's, without its reads.
+func (b *Backend) releaseOp(l sqllock.Lease, rel string) clientv3.Op {
+	return clientv3.OpTxn(
+		[]clientv3.Cmp{b.holds(l), clientv3.Compare(clientv3.CreateRevision(b.holdKey(l.Key)), "=", 0)},
+		[]clientv3.Op{
+			clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
+			clientv3.OpPut(b.releaseKey(l.Key), rel),
+		}, nil)
+}
+
+// releaseTxn is the transaction of a release of l that holds the key:
+// the holder's delete (its previous value returned) and release record
+// rel; flat, iff no min-hold key is there, else with the nested
+// transaction that ends the hold unless l's owner releases.
+func (b *Backend) releaseTxn(ctx context.Context, l sqllock.Lease, rel string, flat bool) (*clientv3.TxnResponse, error) {
+	cmps := []clientv3.Cmp{b.holds(l)}
+	ops := []clientv3.Op{
+		clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
+		clientv3.OpPut(b.releaseKey(l.Key), rel),
+	}
+	if flat {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(b.holdKey(l.Key)), "=", 0))
+	} else {
+		ops = append(ops, b.endHold(l))
+	}
+	return b.cli.Txn(ctx).If(cmps...).Then(ops...).Else(b.stateOps(l.Key)...).Commit()
 }
 
 func lostOrNil(lost *sqllock.LostError) error {

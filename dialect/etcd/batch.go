@@ -237,7 +237,7 @@ func (b *Backend) batchLonger(ctx context.Context, longer []*batchLease, sent ti
 				bl.res.Err = translate(ctx, outcome.Grant, bl.l.Key, err)
 				return
 			}
-			grants[i] = spare{id: g.ID, ttl: g.TTL, at: sent}
+			grants[i] = spare{id: g.ID, ttl: g.TTL, at: sent, fresh: true}
 		})
 	}
 	wg.Wait()

@@ -48,7 +48,7 @@
 //
 // etcd does not expose its clock, so a Lease's BackendTime is this host's
 // wall clock just before the request that started the etcd lease's current
-// period (the grant, or the keep-alive of a renewal) was sent, and Deadline
+// period (the grant, or a keep-alive) was sent, and Deadline
 // is BackendTime plus the TTL etcd granted: the earliest moment etcd can
 // end the lease, as seen from this host. Deadline.Sub(BackendTime) is the
 // granted TTL. The client's local deadline (send time + TTL − margin) is
@@ -110,7 +110,19 @@
 //
 // # Round trips
 //
-// TryAcquire: 2 (lease grant, then the transaction); 3 when another
+// TryAcquire: 1 round trip of latency on a spare etcd lease (one this
+// Backend granted ahead, in the background, when its spares of a TTL in
+// use run low, or one that a release or a refusal left): the spare's
+// keep-alive and the transaction sent together (2 requests), the period
+// dated from the keep-alive's send time, after the acquire was sent. A
+// keep-alive is never sent on a lease just granted (an etcd 3.4 leader
+// that has not applied the grant yet may answer it with TTL 0:
+// etcd-io/etcd#13675): a spare granted within the last second is left for
+// later. An acquire whose spare's renewal is not known (the keep-alive
+// failed, found the lease gone, or was answered later than the spare's TTL
+// could have ended: etcd-io/etcd#20547) fails as unavailable, whatever its
+// transaction did. With no spare at hand: 2 (lease grant, then the
+// transaction); 3 when another
 // process changed the key since this Backend last saw it; a refused attempt
 // on a key this Backend saw held costs a read and the holder's
 // time-to-live, and no write. With a MinHold, TryAcquire sends its two
@@ -126,7 +138,14 @@
 // every lease, as nested transactions of at most [Options.MaxTxnOps] − 3
 // leases each (etcd counts a nested transaction's operations against what
 // its parent leaves); longer TTLs get new etcd leases, moved in
-// transactions split the same way. Release: 1. List: 1, plus one
+// transactions split the same way. Release: 1. Group commit: while four
+// grants (an acquire's transaction, without a min hold) of a Backend are
+// in flight, further concurrent ones queue and go together, one nested
+// transaction each, in one transaction (one raft entry) when the first of
+// those in flight is answered; releases likewise, in batches of their own.
+// One call per key in a batch, a batch within [Options.MaxTxnOps]; a call
+// whose nested transaction failed changed nothing and is sent again alone,
+// so each gets the single call's answer. List: 1, plus one
 // time-to-live per held key that this Backend did not grant or renew last
 // (for those it reports the Deadline it reported), and one per min hold
 // it did not grant. Only grants, releases and lease grants are
@@ -134,7 +153,7 @@
 // is served by the leader alone.
 //
 // Every keep-alive of a Backend (a renewal's, and an acquire's that reuses
-// a released etcd lease) is one request on one lease keep-alive stream that
+// a spare etcd lease) is one request on one lease keep-alive stream that
 // the Backend opens on first use and again after it breaks, for as long as
 // the etcd client lives; replies are matched to requests by lease ID, and
 // each request's send time, taken before it is sent, dates the period it

@@ -102,3 +102,38 @@ func TestMinHoldForcedAfterOwnersRelease(t *testing.T) {
 	require.NoError(t, err, "the forced release ended the min hold")
 	require.Equal(t, l.Token+1, next.Token)
 }
+
+// TestReleaseOfAnUnseenMinHold: a release by a Backend that did not
+// grant the lease (so knows nothing of its min hold) finds the min-hold
+// key that the flat release requires absent, and releases with the hold's
+// rules all the same: the owner's release leaves the key taken by the
+// hold, and a release by another owner ends it.
+func TestReleaseOfAnUnseenMinHold(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t).backend
+	ctx := testCtx(t)
+	for _, forced := range []bool{false, true} {
+		key := map[bool]string{false: "own", true: "forced"}[forced]
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: 10 * time.Second, Owner: "o1", MinHold: time.Hour})
+		require.NoError(t, err)
+		fresh, err := New(b.cli, Options{Prefix: b.Prefix()})
+		require.NoError(t, err)
+		rel := l
+		if forced {
+			rel.Owner = "admin"
+		}
+		require.NoError(t, fresh.Release(ctx, rel), key)
+		require.NoError(t, fresh.Release(ctx, rel), "%s: a repeat", key)
+		require.Zero(t, holderLease(t, b, key), "%s: the holder key is gone", key)
+		resp, err := b.cli.Get(ctx, b.holdKey(key))
+		require.NoError(t, err)
+		if forced {
+			require.Empty(t, resp.Kvs, "a forced release ends the min hold")
+			_, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: "next"})
+			require.NoError(t, err)
+		} else {
+			require.Len(t, resp.Kvs, 1, "the owner's release leaves the min hold")
+			heldBy(t, fresh, key, "o1", l.Token)
+		}
+	}
+}

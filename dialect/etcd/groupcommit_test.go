@@ -1,0 +1,352 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// slowTxns makes every transaction's reply come 30 ms late, so that
+// concurrent calls queue for batches, and records the errors the
+// transactions got.
+func slowTxns(b *Backend, calls interface {
+	SetFail(func(string, error) error)
+}) func() []error {
+	return slowTxnsBy(calls, 30*time.Millisecond)
+}
+
+// slowTxnsBy is slowTxns with replies d late.
+func slowTxnsBy(calls interface {
+	SetFail(func(string, error) error)
+}, d time.Duration) func() []error {
+	var mu sync.Mutex
+	var errs []error
+	calls.SetFail(func(method string, err error) error {
+		if method == "Txn" {
+			time.Sleep(d)
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}
+		return err
+	})
+	return func() []error {
+		mu.Lock()
+		defer mu.Unlock()
+		return errs
+	}
+}
+
+// releaseAll releases ls concurrently and returns their errors.
+func releaseAll(ctx context.Context, b *Backend, ls []sqllock.Lease) []error {
+	errs := make([]error, len(ls))
+	var wg sync.WaitGroup
+	for i, l := range ls {
+		wg.Go(func() { errs[i] = b.Release(ctx, l) })
+	}
+	wg.Wait()
+	return errs
+}
+
+// TestReleaseGroupCommit: concurrent releases share transactions (nested,
+// one per release), with the single release's answers: each holder key
+// gone, each release recorded (the owner's repeat is nil, a renewal is
+// LostReleased), and the leases that expired before their release
+// reported LostExpired (their nested transactions failed, and they were
+// sent again alone).
+func TestReleaseGroupCommit(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	const n = 24
+	var ls []sqllock.Lease
+	for i := range n {
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: "o"})
+		require.NoError(t, err)
+		ls = append(ls, l)
+	}
+	gone := func(key string) bool { return key == "k3" || key == "k11" || key == "k17" || key == "k23" }
+	for _, l := range ls {
+		if gone(l.Key) {
+			expire(t, b, l.Key)
+		}
+	}
+	txnErrs := slowTxns(b, calls)
+	calls.Take()
+	errs := releaseAll(ctx, b, ls)
+	total, by := calls.Take()
+	calls.SetFail(nil)
+	require.Less(t, total, n-4, "batched: %s", by)
+	require.Empty(t, txnErrs())
+	for i, l := range ls {
+		if gone(l.Key) {
+			var le *sqllock.LostError
+			require.True(t, errors.As(errs[i], &le), "%v", errs[i])
+			require.Equal(t, sqllock.LostExpired, le.Reason)
+			continue
+		}
+		require.NoError(t, errs[i], l.Key)
+		require.Zero(t, holderLease(t, b, l.Key), l.Key)
+		require.NoError(t, b.Release(ctx, l), "%s: the owner's repeat", l.Key)
+		_, err := b.TryRenew(ctx, l, 10*time.Second)
+		var le *sqllock.LostError
+		require.True(t, errors.As(err, &le), "%v", err)
+		require.Equal(t, sqllock.LostReleased, le.Reason, l.Key)
+	}
+}
+
+// TestReleaseBatchOneKeyOnce: two releases of one key queued together go
+// in two batches (etcd refuses a transaction that writes a key twice);
+// each gets the single release's answer.
+func TestReleaseBatchOneKeyOnce(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	var ls []sqllock.Lease
+	for i := range 12 {
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: "o"})
+		require.NoError(t, err)
+		ls = append(ls, l, l) // every release twice
+	}
+	txnErrs := slowTxns(b, calls)
+	errs := releaseAll(ctx, b, ls)
+	calls.SetFail(nil)
+	require.Empty(t, txnErrs(), "a batch etcd refused")
+	for i, err := range errs {
+		require.NoError(t, err, ls[i].Key)
+		require.Zero(t, holderLease(t, b, ls[i].Key))
+	}
+}
+
+// TestReleaseBatchWithinMaxTxnOps: a queue longer than a transaction may
+// hold (etcd's --max-txn-ops, 128 by default) goes in several batches,
+// none of which etcd refuses.
+func TestReleaseBatchWithinMaxTxnOps(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	var ls []sqllock.Lease
+	for i := range DefaultMaxTxnOps + 20 {
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: "o"})
+		require.NoError(t, err)
+		ls = append(ls, l)
+	}
+	txnErrs := slowTxnsBy(calls, 300*time.Millisecond) // all queued before the first batch
+	errs := releaseAll(ctx, b, ls)
+	calls.SetFail(nil)
+	require.Empty(t, txnErrs(), "a batch etcd refused")
+	for i, err := range errs {
+		require.NoError(t, err, ls[i].Key)
+	}
+}
+
+// TestReleaseQueuedCancelledNotSent: a release whose context ends while
+// it waits in the queue is never sent: it says so, and the key stays
+// held.
+func TestReleaseQueuedCancelledNotSent(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	var ls []sqllock.Lease
+	for i := range groupInFlight + 3 {
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: "o"})
+		require.NoError(t, err)
+		ls = append(ls, l)
+	}
+	calls.SetFail(func(method string, err error) error {
+		if method == "Txn" {
+			time.Sleep(150 * time.Millisecond)
+		}
+		return err
+	})
+	var wg sync.WaitGroup
+	for _, l := range ls[:groupInFlight] {
+		wg.Go(func() { require.NoError(t, b.Release(ctx, l)) })
+	}
+	time.Sleep(30 * time.Millisecond) // both in flight
+	// Two more queue behind them, for a batch.
+	for _, l := range ls[groupInFlight+1:] {
+		wg.Go(func() { require.NoError(t, b.Release(ctx, l)) })
+	}
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	err := b.Release(qctx, ls[groupInFlight])
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Contains(t, err.Error(), "not sent")
+	wg.Wait()
+	calls.SetFail(nil)
+	require.NotZero(t, holderLease(t, b, ls[groupInFlight].Key), "the queued release was sent after all")
+	for _, l := range ls[groupInFlight+1:] {
+		require.Zero(t, holderLease(t, b, l.Key), l.Key)
+	}
+}
+
+// TestReleaseBatchLostReply: a batch whose reply is lost (it was applied)
+// leaves every member's outcome unknown, as the single release's lost
+// reply: each gets an error, none is sent again behind the caller's back
+// as if nothing had been applied; the owner's repeat then finds it
+// released.
+func TestReleaseBatchLostReply(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	var ls []sqllock.Lease
+	for i := range groupInFlight + 4 {
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: "o"})
+		require.NoError(t, err)
+		ls = append(ls, l)
+	}
+	var mu sync.Mutex
+	lost := 0
+	calls.SetFail(func(method string, err error) error {
+		if method != "Txn" {
+			return err
+		}
+		time.Sleep(30 * time.Millisecond)
+		mu.Lock()
+		defer mu.Unlock()
+		if lost < groupInFlight+1 { // the releases sent alone, and the batch of the others
+			lost++
+			return status.Error(codes.Unavailable, "reply lost")
+		}
+		return err
+	})
+	errs := releaseAll(ctx, b, ls)
+	calls.SetFail(nil)
+	for i, err := range errs {
+		require.Error(t, err, ls[i].Key)
+		require.NotContains(t, err.Error(), "not sent")
+		require.Zero(t, holderLease(t, b, ls[i].Key), "%s: applied", ls[i].Key)
+		require.NoError(t, b.Release(ctx, ls[i]), "%s: the owner's repeat", ls[i].Key)
+	}
+}
+
+// acquireAll acquires reqs concurrently and returns their leases and
+// errors.
+func acquireAll(ctx context.Context, b *Backend, reqs []sqllock.AcquireRequest) ([]sqllock.Lease, []error) {
+	ls := make([]sqllock.Lease, len(reqs))
+	errs := make([]error, len(reqs))
+	var wg sync.WaitGroup
+	for i, req := range reqs {
+		wg.Go(func() { ls[i], errs[i] = b.TryAcquire(ctx, req) })
+	}
+	wg.Wait()
+	return ls, errs
+}
+
+// TestAcquireGroupCommit: concurrent grants share transactions (nested,
+// one per grant), with the single acquire's answers: a free key granted
+// with the next token; a key held elsewhere refused, naming its holder
+// (the nested transaction failed, and the acquire was sent again alone);
+// a key granted and released elsewhere since this Backend saw it granted
+// with the token after that one.
+func TestAcquireGroupCommit(t *testing.T) {
+	t.Parallel()
+	b, calls, other := counted(t)
+	ctx := testCtx(t)
+	const n = 24
+	held := func(i int) bool { return i%5 == 1 }
+	changed := func(i int) bool { return i%5 == 3 }
+	var reqs []sqllock.AcquireRequest
+	for i := range n {
+		key := fmt.Sprintf("k%02d", i)
+		reqs = append(reqs, sqllock.AcquireRequest{Key: key, TTL: 10 * time.Second, Owner: "o"})
+		if held(i) || changed(i) {
+			ol, err := other.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: 10 * time.Second, Owner: "x"})
+			require.NoError(t, err)
+			if changed(i) {
+				require.NoError(t, other.Release(ctx, ol))
+			}
+		}
+	}
+	txnErrs := slowTxns(b, calls)
+	calls.Take()
+	ls, errs := acquireAll(ctx, b, reqs)
+	_, by := calls.Take()
+	calls.SetFail(nil)
+	require.Empty(t, txnErrs())
+	var txns int
+	_, err := fmt.Sscanf(by[strings.Index(by, "Txn×"):], "Txn×%d", &txns)
+	require.NoError(t, err, by)
+	require.Less(t, txns, n-4, "batched: %s", by)
+	for i, req := range reqs {
+		switch {
+		case held(i):
+			var he *sqllock.HeldError
+			require.True(t, errors.As(errs[i], &he), "%s: %v", req.Key, errs[i])
+			require.Equal(t, "x", he.Owner)
+		case changed(i):
+			require.NoError(t, errs[i], req.Key)
+			require.Equal(t, int64(2), ls[i].Token, req.Key)
+		default:
+			require.NoError(t, errs[i], req.Key)
+			require.Equal(t, int64(1), ls[i].Token, req.Key)
+			require.Equal(t, 10*time.Second, ls[i].Deadline.Sub(ls[i].BackendTime))
+		}
+		if errs[i] == nil {
+			heldBy(t, other, req.Key, "o", ls[i].Token)
+		}
+	}
+}
+
+// TestAcquireGroupOneKeyOnce: two owners' acquires of one key queued
+// together go in two batches (etcd refuses a transaction that writes a
+// key twice): one is granted, the other refused, as single acquires.
+func TestAcquireGroupOneKeyOnce(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	var reqs []sqllock.AcquireRequest
+	for i := range 12 {
+		for _, owner := range []string{"a", "b"} {
+			reqs = append(reqs, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: owner})
+		}
+	}
+	txnErrs := slowTxns(b, calls)
+	_, errs := acquireAll(ctx, b, reqs)
+	calls.SetFail(nil)
+	require.Empty(t, txnErrs(), "a batch etcd refused")
+	for i := 0; i < len(reqs); i += 2 {
+		granted := 0
+		for _, err := range errs[i : i+2] {
+			if err == nil {
+				granted++
+			} else {
+				require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+			}
+		}
+		require.Equal(t, 1, granted, reqs[i].Key)
+	}
+}
+
+// TestAcquireGroupWithinMaxTxnOps: a queue of grants longer than a
+// transaction may hold goes in several batches, none of which etcd
+// refuses.
+func TestAcquireGroupWithinMaxTxnOps(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	var reqs []sqllock.AcquireRequest
+	for i := range DefaultMaxTxnOps + 20 {
+		reqs = append(reqs, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: "o"})
+	}
+	txnErrs := slowTxnsBy(calls, 300*time.Millisecond) // all queued before the first batch
+	_, errs := acquireAll(ctx, b, reqs)
+	calls.SetFail(nil)
+	require.Empty(t, txnErrs(), "a batch etcd refused")
+	for i, err := range errs {
+		require.NoError(t, err, reqs[i].Key)
+	}
+}
