@@ -107,6 +107,26 @@ func (b *Backend) checkPooler(ctx context.Context, c *pgxpool.Conn) error {
 // statement without parameters, or "") in the probe's first round trip and
 // returns its result; nil when the check did not run.
 func (b *Backend) checkPoolerWith(ctx context.Context, c *pgxpool.Conn, also string) (*pgconn.Result, error) {
+	return b.checkPoolerOn(ctx, c.Conn(), b.pool.Config().ConnConfig.DefaultQueryExecMode, b.poolOther, also)
+}
+
+// withOther runs f on a second connection of the Backend's pool, taken for
+// the pooler probe's moment.
+type withOther func(ctx context.Context, f func(*pgx.Conn) error) error
+
+// poolOther is withOther on the pgx pool.
+func (b *Backend) poolOther(ctx context.Context, f func(*pgx.Conn) error) error {
+	c, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	return f(c.Conn())
+}
+
+// checkPoolerOn is checkPoolerWith on conn, whose default exec mode is
+// execMode, taking the probe's second connection through other.
+func (b *Backend) checkPoolerOn(ctx context.Context, conn *pgx.Conn, execMode pgx.QueryExecMode, other withOther, also string) (*pgconn.Result, error) {
 	if b.poolerCheck.done.Load() {
 		return nil, b.poolerCheck.err
 	}
@@ -117,14 +137,14 @@ func (b *Backend) checkPoolerWith(ctx context.Context, c *pgxpool.Conn, also str
 	if b.poolerCheck.done.Load() {
 		return nil, b.poolerCheck.err
 	}
-	b.poolerCheck.execMode = b.pool.Config().ConnConfig.DefaultQueryExecMode
-	if b.poolerCheck.execMode != pgx.QueryExecModeCacheStatement && !b.notify {
+	b.poolerCheck.execMode = execMode
+	if b.poolerCheck.execMode != pgx.QueryExecModeCacheStatement && !b.listen {
 		b.poolerCheck.done.Store(true)
 		return nil, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, poolerProbeTimeout)
 	defer cancel()
-	found, res, err := probePooler(pctx, c.Conn().PgConn(), b.pool, also)
+	found, res, err := probePooler(pctx, conn.PgConn(), other, also)
 	if err != nil {
 		b.poolerCheck.failures++
 		if b.poolerCheck.failures >= poolerProbeAttempts {
@@ -156,7 +176,7 @@ func (b *Backend) poolerError(f poolerFound) error {
 			"between transactions: set default_query_exec_mode=exec (or cache_describe, or simple_protocol) in the connection string, "+
 			"or pgxpool.Config.ConnConfig.DefaultQueryExecMode")
 	}
-	if f.transaction && b.notify {
+	if f.transaction && b.listen {
 		fixes = append(fixes, "LISTEN needs a session of its own, which a pooler in transaction mode does not give: set postgres.Options{DisableNotify: true}")
 	}
 	if len(fixes) == 0 {
@@ -167,10 +187,10 @@ func (b *Backend) poolerError(f poolerFound) error {
 }
 
 // probePooler runs the probe described at checkPooler on conn (idle, out of
-// a transaction), taking a second connection from pool for a moment. The
+// a transaction), taking a second connection through other for a moment. The
 // first round trip also sends also, if not "", and returns its result
 // (with its error, if it failed) whatever the probe finds.
-func probePooler(ctx context.Context, conn *pgconn.PgConn, pool *pgxpool.Pool, also string) (f poolerFound, alsoRes *pgconn.Result, err error) {
+func probePooler(ctx context.Context, conn *pgconn.PgConn, other withOther, also string) (f poolerFound, alsoRes *pgconn.Result, err error) {
 	q, want := "SELECT pg_backend_pid()", 1
 	if also != "" {
 		q, want = q+";\n"+also, 2
@@ -208,39 +228,37 @@ func probePooler(ctx context.Context, conn *pgconn.PgConn, pool *pgxpool.Pool, a
 	if err != nil {
 		return f, alsoRes, err
 	}
-	other, err := pool.Acquire(ctx)
-	if err != nil {
-		return f, alsoRes, err
-	}
-	defer other.Release()
-	tx, err := other.Begin(ctx)
-	if err != nil {
-		return f, alsoRes, err
-	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_ = tx.Rollback(rctx)
-	}()
-	var second uint32
-	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&second); err != nil {
-		return f, alsoRes, err
-	}
-	again, err := prepared(ctx, conn, name)
-	switch {
-	case errors.Is(err, errNamedLost):
-		f.transaction, f.namedLost = true, true
-	case err != nil:
-		return f, alsoRes, err
-	default:
-		f.transaction = second == first || again != first
-	}
-	if second == first {
-		// The other client has the server connection with the probe's
-		// statement: drop it there.
-		_, _ = tx.Exec(ctx, "DEALLOCATE "+name, pgx.QueryExecModeSimpleProtocol)
-	}
-	return f, alsoRes, nil
+	err = other(ctx, func(oc *pgx.Conn) error {
+		tx, err := oc.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			_ = tx.Rollback(rctx)
+		}()
+		var second uint32
+		if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&second); err != nil {
+			return err
+		}
+		again, err := prepared(ctx, conn, name)
+		switch {
+		case errors.Is(err, errNamedLost):
+			f.transaction, f.namedLost = true, true
+		case err != nil:
+			return err
+		default:
+			f.transaction = second == first || again != first
+		}
+		if second == first {
+			// The other client has the server connection with the probe's
+			// statement: drop it there.
+			_, _ = tx.Exec(ctx, "DEALLOCATE "+name, pgx.QueryExecModeSimpleProtocol)
+		}
+		return nil
+	})
+	return f, alsoRes, err
 }
 
 // errNamedLost: the probe's named prepared statement was missing.

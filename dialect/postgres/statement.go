@@ -57,6 +57,9 @@ func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...
 
 // queryRowVia is queryRow run as o says.
 func (b *Backend) queryRowVia(ctx context.Context, o sendOpts, sql string, args []any, dest ...any) error {
+	if b.db != nil {
+		return b.queryRowDB(ctx, o, sql, args, dest)
+	}
 	return b.send(ctx, o, func(c *pgx.Conn) error {
 		return c.QueryRow(ctx, sql, args...).Scan(dest...)
 	})
@@ -72,6 +75,9 @@ func (b *Backend) queryRows(ctx context.Context, sql string, args []any, dest []
 
 // queryRowsVia is queryRows run as o says.
 func (b *Backend) queryRowsVia(ctx context.Context, o sendOpts, sql string, args []any, dest []any, each func() error) error {
+	if b.db != nil {
+		return b.queryRowsDB(ctx, o, sql, args, dest, each)
+	}
 	return b.send(ctx, o, func(c *pgx.Conn) error {
 		rows, err := c.Query(ctx, sql, args...)
 		if err == nil {
@@ -79,6 +85,22 @@ func (b *Backend) queryRowsVia(ctx context.Context, o sendOpts, sql string, args
 		}
 		return err
 	})
+}
+
+// listRows runs List's statement (sql with prefix) on a connection of the
+// pool, scanning each row into dest and calling each; a read-only
+// statement, sent without the pooler check and reported as it failed,
+// never as unsettled.
+func (b *Backend) listRows(ctx context.Context, sql, prefix string, dest []any, each func() error) error {
+	if b.db != nil {
+		return b.listRowsDB(ctx, sql, prefix, dest, each)
+	}
+	rows, err := b.pool.Query(ctx, sql, prefix)
+	if err != nil {
+		return err
+	}
+	_, err = pgx.ForEachRow(rows, dest, each)
+	return err
 }
 
 // sendOpts say how send runs a statement: with the pooler check (pooler),
