@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	_ "github.com/lib/pq" // registers "postgres"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ashlock/ashlock/internal/testkit/faultproxy"
 	"github.com/ashlock/ashlock/sqllock"
 	"github.com/ashlock/ashlock/sqllock/backendtest"
 )
@@ -165,5 +167,119 @@ func TestNewDB(t *testing.T) {
 			require.NoError(t, b.Close())
 			require.NoError(t, db.PingContext(testCtx(t)), "Close closed the application's *sql.DB")
 		})
+	}
+}
+
+// waitLockWaiters waits until n statements of bundle's server wait for a
+// row lock.
+func waitLockWaiters(t *testing.T, bundle *testBundle, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var got int
+		require.NoError(t, bundle.db.Pool.QueryRow(testCtx(t),
+			"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()").Scan(&got))
+		return got >= n
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// A context cancelled while the statement is in flight surfaces
+// differently per driver, and each answer must be true:
+//   - pgx's stdlib driver gives up the connection (pgx's default context
+//     watcher), the server runs the statement on to its commit: the
+//     outcome is unknown, ErrIndeterminate, and the same owner's repeat
+//     gets the grant back;
+//   - lib/pq sends a cancel request, and the server answers that it
+//     cancelled the statement (57014), which rolled it back: not
+//     applied, and nothing was granted.
+func TestDBCancelInFlight(t *testing.T) {
+	t.Parallel()
+	for _, d := range sqlDrivers {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			bundle, b := dbBundle(t, d, Options{DisableGroupCommit: true})
+			acquireOK(t, b, "k", "o1", time.Minute)
+			expire(t, b, "k")
+			locker := holdRows(t, bundle.db.Pool, b.table, "FOR UPDATE", "k")
+			ctx, cancel := context.WithCancel(testCtx(t))
+			ch := goAcquire(ctx, b, "k", "o2")
+			waitLockWaiters(t, bundle, 1)
+			cancel()
+			r := recv(t, ch)
+			t.Log(r.err)
+			require.NoError(t, locker.Rollback(testCtx(t)))
+			switch d.name {
+			case "pgx":
+				require.ErrorIs(t, r.err, sqllock.ErrIndeterminate)
+				l := acquireOK(t, b, "k", "o2", time.Minute)
+				require.EqualValues(t, 2, l.Token, "the repeat gets the grant back")
+			default:
+				require.NotErrorIs(t, r.err, sqllock.ErrIndeterminate)
+				require.ErrorIs(t, r.err, context.Canceled)
+				require.ErrorContains(t, r.err, "not applied")
+				var owner string
+				var token int64
+				require.NoError(t, bundle.db.Pool.QueryRow(testCtx(t), "SELECT owner, token FROM "+b.table+" WHERE key = 'k'").Scan(&owner, &token))
+				require.Equal(t, "o1", owner, "a cancelled statement reported not applied was applied")
+				require.EqualValues(t, 1, token)
+			}
+		})
+	}
+}
+
+// A reply lost after the server committed (the connection breaks once
+// the request is sent: reset, or closed, which lib/pq reads as EOF and
+// reports as driver.ErrBadConn) is ErrIndeterminate on both drivers, and
+// the same owner's repeat gets its grant back with its token; a request
+// whose connection is refused before it is sent is not.
+func TestDBLostReply(t *testing.T) {
+	t.Parallel()
+	for _, d := range sqlDrivers {
+		for _, cut := range []string{"reset", "closed"} {
+			t.Run(d.name+"/"+cut, func(t *testing.T) {
+				t.Parallel()
+				bundle := newBundle(t, Options{})
+				cfg, err := pgconn.ParseConfig(bundle.db.URL)
+				require.NoError(t, err)
+				proxy, err := faultproxy.New(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+				require.NoError(t, err)
+				db := openDB(t, bundle, d, proxy.Addr())
+				t.Cleanup(func() { proxy.Close() }) // before db: no half-open connection left
+				b := newDBBackend(t, bundle, db, Options{})
+				acquireOK(t, b, "warm", "o", time.Minute) // the pooler check and a first connection
+
+				proxy.BlackholeRepliesAfter([]byte("lost/"))
+				ch := goAcquire(testCtx(t), b, "k", "lost/o")
+				require.Eventually(t, func() bool {
+					var n int
+					require.NoError(t, bundle.db.Pool.QueryRow(testCtx(t), "SELECT count(*) FROM "+b.table+" WHERE owner = 'lost/o' AND held").Scan(&n))
+					return n == 1
+				}, 10*time.Second, 5*time.Millisecond)
+				if cut == "reset" {
+					proxy.Reset()
+				} else {
+					proxy.Close()
+				}
+				r := recv(t, ch)
+				t.Log(r.err)
+				require.ErrorIs(t, r.err, sqllock.ErrIndeterminate)
+				if cut == "closed" {
+					l := acquireOK(t, bundle.backend, "k", "lost/o", time.Minute)
+					require.EqualValues(t, 1, l.Token, "the repeat gets its grant back")
+					return
+				}
+				proxy.Pass()
+				l := acquireOK(t, b, "k", "lost/o", time.Minute)
+				require.EqualValues(t, 1, l.Token, "the repeat gets its grant back")
+
+				// Refused before anything is sent: known not applied.
+				db.SetMaxIdleConns(0) // no idle connection: the next one dials
+				proxy.Refuse(true)
+				_, err = b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k2", Owner: "o", TTL: time.Minute})
+				t.Log(err)
+				require.ErrorIs(t, err, sqllock.ErrUnavailable)
+				require.NotErrorIs(t, err, sqllock.ErrIndeterminate)
+				proxy.Refuse(false)
+			})
+		}
 	}
 }

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -273,9 +274,11 @@ func conflict(prefix, code string, err error) error {
 }
 
 // isConnectionError reports a broken or closed connection (not a server
-// error).
+// error). database/sql's driver.ErrBadConn is one: lib/pq returns it also
+// for a connection that broke while it read the reply (pgx's stdlib
+// driver only before sending, see driverError).
 func isConnectionError(err error) bool {
-	if errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, net.ErrClosed) ||
+	if errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, net.ErrClosed) || errors.Is(err, driver.ErrBadConn) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNREFUSED) {
 		return true
