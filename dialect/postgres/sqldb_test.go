@@ -115,6 +115,33 @@ func asClient(b *Backend) sqllock.Backend {
 	return b
 }
 
+// flavour is one way of opening a Backend: New on a pgx pool, or NewDB
+// through one of sqlDrivers. bundle returns a fresh schema and the
+// Backend on it; mayskip are the conformance rules it may skip.
+type flavour struct {
+	name    string
+	bundle  func(t testing.TB, opts Options) (*testBundle, *Backend)
+	mayskip []string
+}
+
+// flavours are the Backends that tests of the statements' rules run on.
+var flavours = func() []flavour {
+	fs := []flavour{{name: "pgxpool", bundle: func(t testing.TB, opts Options) (*testBundle, *Backend) {
+		bundle := newBundle(t, opts)
+		return bundle, bundle.backend
+	}}}
+	for _, d := range sqlDrivers {
+		f := flavour{name: "sql-" + d.name, bundle: func(t testing.TB, opts Options) (*testBundle, *Backend) {
+			return dbBundle(t, d, opts)
+		}}
+		if d.name != "pgx" {
+			f.mayskip = []string{watchRule} // waiters poll
+		}
+		fs = append(fs, f)
+	}
+	return fs
+}()
+
 func TestDBConformance(t *testing.T) {
 	t.Parallel()
 	for _, d := range sqlDrivers {
@@ -281,5 +308,106 @@ func TestDBLostReply(t *testing.T) {
 				proxy.Refuse(false)
 			})
 		}
+	}
+}
+
+// dbProxied is a Backend from NewDB through d and a fault proxy of its
+// own on bundle's schema; the proxy closes before the *sql.DB.
+func dbProxied(t *testing.T, bundle *testBundle, d sqlDriver, opts Options) (*Backend, *faultproxy.Proxy) {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(bundle.db.URL)
+	require.NoError(t, err)
+	proxy, err := faultproxy.New(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	require.NoError(t, err)
+	db := openDB(t, bundle, d, proxy.Addr())
+	t.Cleanup(func() { proxy.Close() })
+	return newDBBackend(t, bundle, db, opts), proxy
+}
+
+// A batch of acquires whose reply is lost makes every member's outcome
+// indeterminate on *sql.DB too, and each repeat gets its grant back.
+func TestDBGroupCommitLostReply(t *testing.T) {
+	t.Parallel()
+	for _, d := range sqlDrivers {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			bundle := newBundle(t, Options{})
+			b, proxy := dbProxied(t, bundle, d, Options{})
+			ctx := testCtx(t)
+			acquireOK(t, b, "warm", "o", time.Minute)
+
+			holdQueue(b.acquireQ)
+			keys := []string{"a", "b", "c"}
+			var chs []chan acquireResult
+			for i, k := range keys {
+				chs = append(chs, goAcquire(ctx, b, k, "lost/"+k))
+				waitQueued(t, b.acquireQ, i+1)
+			}
+			proxy.BlackholeRepliesAfter([]byte("lost/"))
+			flushQueue(b.acquireQ)
+			require.Eventually(t, func() bool {
+				var n int
+				require.NoError(t, bundle.db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+b.table+" WHERE owner LIKE 'lost/%' AND held").Scan(&n))
+				return n == len(keys)
+			}, 10*time.Second, 5*time.Millisecond)
+			proxy.Reset()
+			for _, ch := range chs {
+				r := recv(t, ch)
+				require.ErrorIs(t, r.err, sqllock.ErrIndeterminate)
+			}
+			unholdQueue(t, b.acquireQ)
+			proxy.Pass()
+			for _, k := range keys {
+				l := acquireOK(t, b, k, "lost/"+k, time.Minute)
+				require.EqualValues(t, 1, l.Token, "the repeat of %s gets its grant back", k)
+			}
+		})
+	}
+}
+
+// An acquire without a value stores NULL, alone or in a batch, whatever
+// the driver (lib/pq sends a nil []byte, and a nil element of a bytea
+// array, as an empty bytea), and one with a value stores it.
+func TestDBNoValueIsNULL(t *testing.T) {
+	t.Parallel()
+	for _, d := range sqlDrivers {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			bundle, b := dbBundle(t, d, Options{})
+			ctx := testCtx(t)
+			acquireOK(t, b, "alone", "o", time.Minute)
+			holdQueue(b.acquireQ)
+			reqs := []sqllock.AcquireRequest{
+				{Key: "none", Owner: "o", TTL: time.Minute},
+				{Key: "some", Owner: "o", TTL: time.Minute, Value: []byte{0, 'v', 0xff}},
+			}
+			var chs []chan acquireResult
+			for i, r := range reqs {
+				chs = append(chs, goAcquireReq(ctx, b, r))
+				waitQueued(t, b.acquireQ, i+1)
+			}
+			flushQueue(b.acquireQ)
+			for _, ch := range chs {
+				require.NoError(t, recv(t, ch).err)
+			}
+			unholdQueue(t, b.acquireQ)
+			require.EqualValues(t, 1, b.acquireQ.batches.Load())
+			rows, err := bundle.db.Pool.Query(ctx, "SELECT key, value FROM "+b.table+" ORDER BY key")
+			require.NoError(t, err)
+			got := map[string][]byte{}
+			for rows.Next() {
+				var k string
+				var v []byte
+				require.NoError(t, rows.Scan(&k, &v))
+				got[k] = v
+			}
+			require.NoError(t, rows.Err())
+			require.Nil(t, got["alone"], "a single acquire without a value stored %q", got["alone"])
+			require.Nil(t, got["none"], "a batch member without a value stored %q", got["none"])
+			require.Equal(t, []byte{0, 'v', 0xff}, got["some"])
+			infos, err := b.List(ctx, "some")
+			require.NoError(t, err)
+			require.Equal(t, []byte{0, 'v', 0xff}, infos[0].Value)
+		})
 	}
 }
