@@ -157,36 +157,21 @@ func scanRows(ctx context.Context, c *sql.Conn, query string, args []any, dest [
 }
 
 // driverArgs are args as db's driver takes them. pgx's stdlib driver takes
-// every argument as pgx does. lib/pq sends a nil []byte as an empty bytea
-// and a nil element of a [][]byte (a batch member's absent value) as an
-// empty one: both become NULL here, as pgx sends them.
+// every argument as pgx does. lib/pq sends a nil element of a [][]byte (a
+// batch member's absent value) as an empty bytea: it goes as NULL here,
+// as pgx sends it.
 func (b *Backend) driverArgs(args []any) []any {
 	if b.pgxDriver {
 		return args
 	}
-	var out []any
 	for i, a := range args {
-		var v any
-		switch a := a.(type) {
-		case []byte:
-			if a != nil {
-				continue
-			}
-			v = nil
-		case [][]byte:
-			v = byteaArray(a)
-		default:
-			continue
+		if v, ok := a.([][]byte); ok {
+			out := append([]any(nil), args...)
+			out[i] = byteaArray(v)
+			return out // one bytea array at most (acquire_batch.sql)
 		}
-		if out == nil {
-			out = append([]any(nil), args...)
-		}
-		out[i] = v
 	}
-	if out == nil {
-		return args
-	}
-	return out
+	return args
 }
 
 // byteaArray is a bytea[] argument in PostgreSQL's text form, a nil
