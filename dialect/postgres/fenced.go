@@ -155,10 +155,10 @@ func (b *Backend) FencedSQLTx(ctx context.Context, l sqllock.Lease, fn func(tx *
 	if err := tx.Commit(); err != nil {
 		return b.translate(ctx, outcome.Commit, l.Key, b.driverError(err))
 	}
-	if err := ctx.Err(); err != nil {
+	if ctxErr := ctx.Err(); ctxErr != nil {
 		// Committed after the context ended: maybe without waiting for
 		// the synchronous standbys (syncwait.go).
-		return b.translate(ctx, outcome.Commit, l.Key, &unsettledError{ctxErr: err})
+		return b.translate(ctx, outcome.Commit, l.Key, &unsettledError{ctxErr: ctxErr})
 	}
 	return nil
 }
