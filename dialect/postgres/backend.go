@@ -32,6 +32,7 @@ type Backend struct {
 	// driver only: on other drivers waiters poll).
 	db        *sql.DB
 	pgxDriver bool
+	libpq     bool // db's driver is lib/pq (the pooler check, sqldb.go)
 	listen    bool
 
 	// full are the statements at the latest schema version, rendered by
