@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -94,13 +95,18 @@ func (b *Backend) sendDB(ctx context.Context, pooler bool, run func(*sql.Conn) e
 		if err != nil {
 			return err
 		}
-		defer c.Close()
+		abandoned := false
+		defer func() {
+			if !abandoned {
+				c.Close()
+			}
+		}()
 		if pooler {
 			if err := b.checkPoolerDB(ctx, c); err != nil {
 				return err
 			}
 		}
-		err = b.driverError(run(c))
+		err = b.driverError(b.bounded(ctx, c, run, &abandoned))
 		if err == nil && ctx.Err() != nil {
 			// Answered as committed after the context ended: its wait
 			// for the synchronous standbys may have been cancelled.
@@ -113,6 +119,49 @@ func (b *Backend) sendDB(ctx context.Context, pooler bool, run func(*sql.Conn) e
 		return err
 	})
 }
+
+// bounded runs run on c, and returns when ctx ends even if run has not:
+// lib/pq reads a reply without its context (it sends a cancel request and
+// reads on), so on a half-open connection, whose reply never comes, its
+// call returns only when the kernel gives the connection up, hours later,
+// and a renewal would outlast its lease. An abandoned run keeps c (it is
+// closed, and discarded, when run returns: *abandoned tells the caller
+// not to close it) and is in flight: its outcome is unknown. pgx's stdlib
+// driver ends its calls with their context itself, and runs inline. A
+// call answered within cancelGrace after ctx ended has its answer.
+func (b *Backend) bounded(ctx context.Context, c *sql.Conn, run func(*sql.Conn) error, abandoned *bool) error {
+	if b.pgxDriver || ctx.Done() == nil {
+		return run(c)
+	}
+	done := make(chan error, 1)
+	go func() { done <- run(c) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	// lib/pq's cancel request takes a round trip on a connection of its
+	// own; the server's answer that it cancelled the statement (not
+	// applied) usually follows within milliseconds.
+	grace := time.NewTimer(cancelGrace)
+	defer grace.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-grace.C:
+	}
+	*abandoned = true
+	go func() {
+		<-done
+		_ = c.Raw(func(any) error { return driver.ErrBadConn })
+		c.Close()
+	}()
+	return fmt.Errorf("the driver had not answered when the context ended: %w", ctx.Err())
+}
+
+// cancelGrace is how long bounded waits for the driver's answer after the
+// context ended, before it abandons the call.
+const cancelGrace = 250 * time.Millisecond
 
 // queryRowDB is queryRowVia on db (without the aside connection: see the
 // package doc).

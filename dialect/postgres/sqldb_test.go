@@ -295,7 +295,7 @@ func TestDBLostReply(t *testing.T) {
 					return
 				}
 				proxy.Pass()
-				l := acquireOK(t, b, "k", "lost/o", time.Minute)
+				l := acquireAfterReset(t, b, "k", "lost/o")
 				require.EqualValues(t, 1, l.Token, "the repeat gets its grant back")
 
 				// Refused before anything is sent: known not applied.
@@ -358,7 +358,7 @@ func TestDBGroupCommitLostReply(t *testing.T) {
 			unholdQueue(t, b.acquireQ)
 			proxy.Pass()
 			for _, k := range keys {
-				l := acquireOK(t, b, k, "lost/"+k, time.Minute)
+				l := acquireAfterReset(t, b, k, "lost/"+k)
 				require.EqualValues(t, 1, l.Token, "the repeat of %s gets its grant back", k)
 			}
 		})
@@ -410,4 +410,53 @@ func TestDBNoValueIsNULL(t *testing.T) {
 			require.Equal(t, []byte{0, 'v', 0xff}, infos[0].Value)
 		})
 	}
+}
+
+// A half-open connection (the reply never comes, and nothing tells the
+// client) does not keep a call past its context on either driver: lib/pq
+// reads the reply without its context, so the Backend stops waiting for
+// it. The outcome is unknown, and the repeat gets the grant back.
+func TestDBHalfOpenCallEndsWithContext(t *testing.T) {
+	t.Parallel()
+	for _, d := range sqlDrivers {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			bundle := newBundle(t, Options{})
+			b, proxy := dbProxied(t, bundle, d, Options{})
+			acquireOK(t, b, "warm", "o", time.Minute)
+			proxy.BlackholeRepliesAfter([]byte("lost/"))
+			ctx, cancel := context.WithTimeout(testCtx(t), 500*time.Millisecond)
+			defer cancel()
+			ch := goAcquire(ctx, b, "k", "lost/o")
+			select {
+			case r := <-ch:
+				t.Log(r.err)
+				require.ErrorIs(t, r.err, sqllock.ErrIndeterminate)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the call outlived its context by 10s")
+			}
+			proxy.Reset() // the abandoned call ends; its connection is dropped
+			proxy.Pass()
+			l := acquireAfterReset(t, b, "k", "lost/o")
+			require.EqualValues(t, 1, l.Token, "the repeat gets its grant back")
+		})
+	}
+}
+
+// acquireAfterReset is acquireOK after a proxy reset, which also broke the
+// *sql.DB's idle connections: database/sql hands them out unchecked, so
+// a call may meet one (an error of unknown outcome) before a live one.
+func acquireAfterReset(t *testing.T, b *Backend, key, owner string) sqllock.Lease {
+	t.Helper()
+	var err error
+	for range 3 {
+		var l sqllock.Lease
+		l, err = b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: key, Owner: owner, TTL: time.Minute})
+		if err == nil {
+			return l
+		}
+		require.ErrorIs(t, err, sqllock.ErrUnavailable)
+	}
+	require.NoError(t, err)
+	return sqllock.Lease{}
 }
