@@ -107,6 +107,9 @@ func (b *Backend) checkPooler(ctx context.Context, c *pgxpool.Conn) error {
 // statement without parameters, or "") in the probe's first round trip and
 // returns its result; nil when the check did not run.
 func (b *Backend) checkPoolerWith(ctx context.Context, c *pgxpool.Conn, also string) (*pgconn.Result, error) {
+	if b.poolerCheck.done.Load() {
+		return nil, b.poolerCheck.err // without pool.Config, which copies the configuration
+	}
 	return b.checkPoolerOn(ctx, c.Conn(), b.pool.Config().ConnConfig.DefaultQueryExecMode, b.poolOther, also)
 }
 

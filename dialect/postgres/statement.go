@@ -59,7 +59,9 @@ func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...
 // queryRowVia is queryRow run as o says.
 func (b *Backend) queryRowVia(ctx context.Context, o sendOpts, sql string, args []any, dest ...any) error {
 	if b.db != nil {
-		return b.queryRowDB(ctx, o, sql, args, dest)
+		// A copy: dest itself stays on the pgx path's stack (the DB path
+		// may hand its copy to a goroutine, see bounded).
+		return b.queryRowDB(ctx, o, sql, args, append([]any(nil), dest...))
 	}
 	return b.send(ctx, o, func(c *pgx.Conn) error {
 		return c.QueryRow(ctx, sql, args...).Scan(dest...)
