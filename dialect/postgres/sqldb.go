@@ -186,8 +186,15 @@ func (b *Backend) listRowsDB(ctx context.Context, query, prefix string, dest []a
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	return b.driverError(scanRows(ctx, c, query, []any{prefix}, dest, each))
+	abandoned := false
+	defer func() {
+		if !abandoned {
+			c.Close()
+		}
+	}()
+	return b.driverError(b.bounded(ctx, c, func(c *sql.Conn) error {
+		return scanRows(ctx, c, query, []any{prefix}, dest, each)
+	}, &abandoned))
 }
 
 // scanRows runs query on c, scanning each row into dest and calling each.

@@ -460,3 +460,52 @@ func acquireAfterReset(t *testing.T, b *Backend, key, owner string) sqllock.Leas
 	require.NoError(t, err)
 	return sqllock.Lease{}
 }
+
+// One round trip per operation on a *sql.DB: under pgx's stdlib driver,
+// and under lib/pq with binary_parameters=yes; lib/pq's default sends
+// each statement with arguments in two (prepare, then bind and execute),
+// as docs/postgres-sqldb.md says.
+func TestDBRoundTripsPerOperation(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		d      sqlDriver
+		params string
+		trips  int64
+	}{{"pgx", sqlDrivers[0], "", 1}, {"pq", sqlDrivers[1], "", 2}, {"pq-binary", sqlDrivers[1], " binary_parameters=yes", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			bundle := newBundle(t, Options{})
+			cfg, err := pgconn.ParseConfig(bundle.db.URL)
+			require.NoError(t, err)
+			p := newSyncCounter(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+			d := tc.d
+			if tc.params != "" {
+				open := d.open
+				d.open = func(cfg *pgconn.Config, host string, port uint16, schema string) (*sql.DB, error) {
+					return open(cfg, host, port, schema+tc.params)
+				}
+			}
+			db := openDB(t, bundle, d, p.addr())
+			db.SetMaxOpenConns(1) // every statement on the one warmed connection
+			b := newDBBackend(t, bundle, db, Options{DisableGroupCommit: true})
+			ctx := testCtx(t)
+			// Warm: the pooler check, the schema version, pgx's statement cache.
+			l := acquireOK(t, b, "warm", "o", time.Minute)
+			_, err = b.TryRenew(ctx, l, time.Minute)
+			require.NoError(t, err)
+			require.NoError(t, b.Release(ctx, l))
+			trips := func(op func() error) int64 {
+				n := p.trips.Load()
+				require.NoError(t, op())
+				return p.trips.Load() - n
+			}
+			require.Equal(t, tc.trips, trips(func() error {
+				l, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", Owner: "o", TTL: time.Minute})
+				return err
+			}), "acquire")
+			require.Equal(t, tc.trips, trips(func() error { _, err := b.TryRenew(ctx, l, time.Minute); return err }), "renew")
+			require.Equal(t, tc.trips, trips(func() error { return b.Release(ctx, l) }), "release")
+		})
+	}
+}
