@@ -323,6 +323,14 @@ func (b *Backend) checkPoolerDBWith(ctx context.Context, c *sql.Conn, also strin
 	if b.poolerCheck.done.Load() {
 		return nil, b.poolerCheck.err
 	}
+	if b.db.Stats().MaxOpenConnections == 1 {
+		// The probe needs a second connection, which would wait for c
+		// until the probe's timeout on each attempt: not checked (under
+		// pgx a foreign prepared statement still reports
+		// ErrPoolerSettings, see translatePg).
+		b.poolerCheck.done.Store(true)
+		return nil, nil
+	}
 	if !b.pgxDriver {
 		return nil, b.checkPoolerLibPQ(ctx, c)
 	}
