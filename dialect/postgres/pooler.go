@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // ErrPoolerSettings means that the pool reaches PostgreSQL through a
@@ -295,4 +298,160 @@ func onePID(rows [][][]byte) (uint32, error) {
 // QueryExecModeCacheStatement. Nothing was executed.
 func isForeignStatement(pgErr *pgconn.PgError) bool {
 	return (pgErr.Code == "26000" || pgErr.Code == "42P05") && strings.Contains(pgErr.Message, `"stmtcache_`)
+}
+
+// checkPoolerDB is checkPooler on db: under pgx's stdlib driver, the same
+// probe on the *pgx.Conn that c reaches, its second connection taken from
+// db; under lib/pq, checkPoolerLibPQ.
+func (b *Backend) checkPoolerDB(ctx context.Context, c *sql.Conn) error {
+	_, err := b.checkPoolerDBWith(ctx, c, "")
+	return err
+}
+
+// checkPoolerDBWith is checkPoolerWith on db.
+func (b *Backend) checkPoolerDBWith(ctx context.Context, c *sql.Conn, also string) (res *pgconn.Result, err error) {
+	if b.poolerCheck.done.Load() {
+		return nil, b.poolerCheck.err
+	}
+	if b.db.Stats().MaxOpenConnections == 1 {
+		// The probe needs a second connection, which would wait for c
+		// until the probe's timeout on each attempt: not checked (under
+		// pgx a foreign prepared statement still reports
+		// ErrPoolerSettings, see translatePg).
+		b.poolerCheck.done.Store(true)
+		return nil, nil
+	}
+	if !b.pgxDriver {
+		return nil, b.checkPoolerLibPQ(ctx, c)
+	}
+	rawErr := c.Raw(func(dc any) error {
+		conn := dc.(*stdlib.Conn).Conn()
+		res, err = b.checkPoolerOn(ctx, conn, conn.Config().DefaultQueryExecMode, b.dbOther, also)
+		return nil
+	})
+	if rawErr != nil {
+		return nil, rawErr
+	}
+	return res, err
+}
+
+// dbOther is withOther on db: a second connection of db, its *pgx.Conn.
+func (b *Backend) dbOther(ctx context.Context, f func(*pgx.Conn) error) error {
+	c, err := b.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.Raw(func(dc any) error { return f(dc.(*stdlib.Conn).Conn()) })
+}
+
+// checkPoolerLibPQ is the pooler check of lib/pq, once per Backend. lib/pq
+// prepares no named statement and the Backend does not listen on it, but
+// without binary_parameters=yes it sends each statement with arguments in
+// two round trips (prepare the unnamed statement, then bind and execute
+// it): a pooler in transaction mode may hand them to different server
+// connections, and the bind then meets another client's unnamed
+// statement (measured through PgBouncer: "bind message supplies 5
+// parameters, but prepared statement \"\" requires 1", or "unnamed
+// prepared statement does not exist"), or, where the counts match, runs
+// it. Transaction pooling is recognised as checkPooler does, by a server
+// connection changing hands (lib/pq reports no backend PID, so the probe
+// runs also on a direct connection: three round trips and a second
+// connection, once). Other drivers are not checked.
+func (b *Backend) checkPoolerLibPQ(ctx context.Context, c *sql.Conn) error {
+	if !b.libpq {
+		b.poolerCheck.done.Store(true)
+		return nil
+	}
+	if !b.poolerCheck.mu.TryLock() {
+		return nil
+	}
+	defer b.poolerCheck.mu.Unlock()
+	if b.poolerCheck.done.Load() {
+		return b.poolerCheck.err
+	}
+	if binaryParameters(c) {
+		b.poolerCheck.done.Store(true)
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, poolerProbeTimeout)
+	defer cancel()
+	transaction, err := probeTransactionPooling(pctx, c, b.db)
+	if err != nil {
+		b.poolerCheck.failures++
+		if b.poolerCheck.failures >= poolerProbeAttempts {
+			b.poolerCheck.done.Store(true)
+		}
+		return nil
+	}
+	if transaction {
+		b.poolerCheck.err = fmt.Errorf("%w: the *sql.DB's connections go through a pooler in transaction mode (PgBouncer?): "+
+			"lib/pq without binary_parameters=yes prepares each statement in one transaction and runs it in the next, which the pooler "+
+			"may send to another server connection: add binary_parameters=yes to the connection string", ErrPoolerSettings)
+	}
+	b.poolerCheck.done.Store(true)
+	return b.poolerCheck.err
+}
+
+// binaryParameters reports whether c, a lib/pq connection, sends its
+// statements in one round trip (binary_parameters=yes), read from the
+// driver's connection: lib/pq keeps it in an unexported field
+// (cfg.BinaryParameters from v1.11, binaryParameters before). Not found:
+// false.
+func binaryParameters(c *sql.Conn) bool {
+	var on bool
+	_ = c.Raw(func(dc any) error {
+		v := reflect.ValueOf(dc)
+		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct {
+			return nil
+		}
+		if f := v.FieldByName("cfg"); f.IsValid() && f.Kind() == reflect.Struct {
+			if bp := f.FieldByName("BinaryParameters"); bp.IsValid() && bp.Kind() == reflect.Bool {
+				on = bp.Bool()
+			}
+		} else if bp := v.FieldByName("binaryParameters"); bp.IsValid() && bp.Kind() == reflect.Bool {
+			on = bp.Bool()
+		}
+		return nil
+	})
+	return on
+}
+
+// probeTransactionPooling tells whether c's server connection changes
+// hands between transactions, as probePooler does: c reads its backend
+// PID, a second connection of db reads its own inside a transaction, and c
+// reads again.
+func probeTransactionPooling(ctx context.Context, c *sql.Conn, db *sql.DB) (bool, error) {
+	pid := func(q interface {
+		QueryRowContext(context.Context, string, ...any) *sql.Row
+	}) (p int64, err error) {
+		err = q.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&p)
+		return p, err
+	}
+	first, err := pid(c)
+	if err != nil {
+		return false, err
+	}
+	other, err := db.Conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer other.Close()
+	tx, err := other.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	second, err := pid(tx)
+	if err != nil {
+		return false, err
+	}
+	again, err := pid(c)
+	if err != nil {
+		return false, err
+	}
+	return second == first || again != first, nil
 }
