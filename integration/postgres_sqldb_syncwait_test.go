@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/lib/pq" // registers "postgres"
 	"github.com/stretchr/testify/require"
@@ -88,4 +89,53 @@ func TestPostgresDBCancelledSyncWaitIsIndeterminate(t *testing.T) {
 			require.Equal(t, 1, n, "%s: the fenced write committed locally", driver)
 		}
 	}
+
+	// An operator's pg_cancel_backend while the caller's context lives:
+	// the server answers as committed, with a WARNING that only
+	// postgres.OnNotice in the *sql.DB's pgx configuration lets the
+	// Backend see (pgx's stdlib driver).
+	cfg, err := pgx.ParseConfig(cluster.primary.URL + "&application_name=dbsyncwait-operator")
+	require.NoError(t, err)
+	cfg.OnNotice = postgres.OnNotice(nil)
+	db := stdlib.OpenDB(*cfg)
+	t.Cleanup(func() { db.Close() })
+	be, err := postgres.NewDB(db, postgres.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { be.Close() })
+	byOperator := func(what string, f func() error) error {
+		done := make(chan error, 1)
+		go func() { done <- f() }()
+		var pid int
+		require.Eventually(t, func() bool {
+			return admin.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+				WHERE application_name = 'dbsyncwait-operator' AND wait_event = 'SyncRep'`).Scan(&pid) == nil
+		}, 10*time.Second, 5*time.Millisecond, "%s never waited for the standby", what)
+		var ok bool
+		require.NoError(t, admin.QueryRow(ctx, "SELECT pg_cancel_backend($1)", pid).Scan(&ok))
+		require.True(t, ok)
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no answer 10s after pg_cancel_backend", what)
+			return nil
+		}
+	}
+	err = byOperator("grant", func() error {
+		_, err := be.TryAcquire(ctx, sqllock.AcquireRequest{Key: "grant-operator", TTL: time.Hour, Owner: "me"})
+		return err
+	})
+	t.Logf("operator: grant: %v", err)
+	require.ErrorIs(t, err, sqllock.ErrIndeterminate, "a grant whose wait an operator cancelled")
+	_, err = admin.Exec(ctx, `INSERT INTO sqllock_locks (key, token, held, deadline, owner)
+		VALUES ('fenced-operator', 7, true, clock_timestamp() + interval '1 hour', 'me')`)
+	require.NoError(t, err)
+	err = byOperator("fenced commit", func() error {
+		return be.FencedSQLTx(ctx, sqllock.Lease{Key: "fenced-operator", Token: 7, Owner: "me"}, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "INSERT INTO fenced_writes VALUES ('fenced-operator')")
+			return err
+		})
+	})
+	t.Logf("operator: fenced commit: %v", err)
+	require.ErrorIs(t, err, sqllock.ErrIndeterminate, "a fenced commit whose wait an operator cancelled")
 }

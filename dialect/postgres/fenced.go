@@ -152,8 +152,20 @@ func (b *Backend) FencedSQLTx(ctx context.Context, l sqllock.Lease, fn func(tx *
 		return err
 	}
 	committed = true // from here on Commit ends the transaction either way
+	if b.pgxDriver {
+		_ = conn.Raw(func(dc any) error { clearWarning(pgConnOf(dc)); return nil })
+	}
 	if err := tx.Commit(); err != nil {
 		return b.translate(ctx, outcome.Commit, l.Key, b.driverError(err))
+	}
+	if b.pgxDriver {
+		// A WARNING OnNotice kept: the commit's wait for the synchronous
+		// standbys was cancelled (syncwait.go).
+		var warned error
+		_ = conn.Raw(func(dc any) error { warned = unsettled(context.Background(), pgConnOf(dc)); return nil })
+		if warned != nil {
+			return b.translate(ctx, outcome.Commit, l.Key, warned)
+		}
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		// Committed after the context ended: maybe without waiting for

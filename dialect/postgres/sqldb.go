@@ -106,8 +106,17 @@ func (b *Backend) sendDB(ctx context.Context, pooler bool, run func(*sql.Conn) e
 				return err
 			}
 		}
+		if b.pgxDriver {
+			_ = c.Raw(func(dc any) error { clearWarning(pgConnOf(dc)); return nil })
+		}
 		err = b.driverError(b.bounded(ctx, c, run, &abandoned))
-		if err == nil && ctx.Err() != nil {
+		switch {
+		case err == nil && b.pgxDriver:
+			// A WARNING that OnNotice kept on the connection (the
+			// *sql.DB's pgx ConnConfig.OnNotice), or the context ended
+			// in flight (syncwait.go).
+			_ = c.Raw(func(dc any) error { err = unsettled(ctx, pgConnOf(dc)); return nil })
+		case err == nil && ctx.Err() != nil:
 			// Answered as committed after the context ended: its wait
 			// for the synchronous standbys may have been cancelled.
 			err = &unsettledError{ctxErr: ctx.Err()}
@@ -162,6 +171,10 @@ func (b *Backend) bounded(ctx context.Context, c *sql.Conn, run func(*sql.Conn) 
 // cancelGrace is how long bounded waits for the driver's answer after the
 // context ended, before it abandons the call.
 const cancelGrace = 250 * time.Millisecond
+
+// pgConnOf is the *pgconn.PgConn of dc, a driver connection of pgx's
+// stdlib driver.
+func pgConnOf(dc any) *pgconn.PgConn { return dc.(*stdlib.Conn).Conn().PgConn() }
 
 // queryRowDB is queryRowVia on db (without the aside connection: see the
 // package doc).
