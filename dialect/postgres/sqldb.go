@@ -30,6 +30,15 @@ import (
 // statement reads the table's schema version. db stays the caller's:
 // Close does not close it, and it must outlive the Backend.
 //
+// Under pgx's stdlib driver, Watch listens on one connection of db, kept
+// out of its pool until Close, and [OnNotice] in the pgx.ConnConfig db was
+// opened with lets the Backend see an operator's cancel of a synchronous
+// standby wait. Under lib/pq waiters poll, and the DSN needs
+// binary_parameters=yes for one round trip per statement (and behind a
+// pooler in transaction mode at all; the first statement checks); lib/pq's
+// unnamed statements are planned on every call, which costs throughput
+// (docs/postgres-sqldb.md).
+//
 // A *sql.DB whose driver is SQLite's is refused at once with an error that
 // names sqlite.New.
 func NewDB(db *sql.DB, opts Options) (*Backend, error) {
