@@ -67,6 +67,12 @@ type pgEnv struct {
 	backend, backendNoNotify, backendDurable *postgres.Backend
 	client                                   *sqllock.Client
 
+	// The Backend on a *sql.DB (postgres.NewDB): through pgx's stdlib
+	// driver (its statements traced like the pool's), and lib/pq with
+	// binary_parameters=yes (one round trip per statement; not traced).
+	sqlPgxDB, sqlPqDB           *sql.DB
+	backendSQLPgx, backendSQLPq *postgres.Backend
+
 	pglockDB *sql.DB
 	pglock   *pglock.Client
 
@@ -155,6 +161,26 @@ func setupPG(ctx context.Context, baseURL string, maxConc, nkeys int) (*pgEnv, e
 	if e.client, err = sqllock.New(e.backend, sqllock.Options{Owner: "bench"}); err != nil {
 		return nil, err
 	}
+	tc := cc.Copy()
+	tc.Tracer = e.tracer
+	e.sqlPgxDB = stdlib.OpenDB(*tc)
+	pqURL, err := withParam(e.url, "binary_parameters", "yes")
+	if err != nil {
+		return nil, err
+	}
+	if e.sqlPqDB, err = sql.Open("postgres", pqURL); err != nil {
+		return nil, err
+	}
+	for _, db := range []*sql.DB{e.sqlPgxDB, e.sqlPqDB} {
+		db.SetMaxOpenConns(maxConc + 1) // + the listener's, under pgx
+		db.SetMaxIdleConns(maxConc + 1)
+	}
+	if e.backendSQLPgx, err = postgres.NewDB(e.sqlPgxDB, postgres.Options{Schema: benchSchema}); err != nil {
+		return nil, err
+	}
+	if e.backendSQLPq, err = postgres.NewDB(e.sqlPqDB, postgres.Options{Schema: benchSchema}); err != nil {
+		return nil, err
+	}
 	if e.pglockDB, err = sql.Open("postgres", e.url); err != nil {
 		return nil, err
 	}
@@ -180,6 +206,15 @@ func (e *pgEnv) close(ctx context.Context, dropSchema bool) {
 		e.backend.Close()
 		e.backendNoNotify.Close()
 		e.backendDurable.Close()
+	}
+	if e.backendSQLPgx != nil {
+		e.backendSQLPgx.Close()
+		e.backendSQLPq.Close()
+	}
+	for _, db := range []*sql.DB{e.sqlPgxDB, e.sqlPqDB} {
+		if db != nil {
+			db.Close()
+		}
 	}
 	if e.pglockDB != nil {
 		e.pglockDB.Close()
@@ -324,12 +359,14 @@ func (e *pgEnv) throughput(cfg *config) *matrix {
 			backendContender("backend", e.backend, e.keys, e.ttl),
 			backendContender("backend-durable", e.backendDurable, e.keys, e.ttl),
 			backendContender("backend-nonotify", e.backendNoNotify, e.keys, e.ttl),
+			backendContender("backend-sqldb-pgx", e.backendSQLPgx, e.keys, e.ttl),
+			backendContender("backend-sqldb-pq", e.backendSQLPq, e.keys, e.ttl),
 			clientContender("client", e.client, e.keys),
 			e.pglockContender(),
 			e.advisoryContender(),
 			e.floorContender(),
 		},
 		conc: cfg.conc, rounds: cfg.rounds, dur: cfg.dur, probe: e, warmup: cfg.warmup(),
-		latency: true, statementsPer: true, noStatements: map[string]bool{"pglock": true},
+		latency: true, statementsPer: true, noStatements: map[string]bool{"pglock": true, "backend-sqldb-pq": true},
 	}
 }

@@ -2,8 +2,10 @@ package integration
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -73,6 +75,34 @@ func appBackend(t *testing.T, url, level string) (*pgxpool.Pool, *postgres.Backe
 // round.
 func TestPostgresGrantSurvivesCrashOnAsyncSession(t *testing.T) {
 	t.Parallel()
+	// The Backend on a pgx pool, and on a *sql.DB through each driver.
+	for _, driver := range []string{"pgxpool", "pgx", "postgres"} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			grantSurvivesCrashOnAsyncSession(t, func(url string) (io.Closer, *postgres.Backend) {
+				if driver == "pgxpool" {
+					pool, be := appBackend(t, url, "off")
+					return closerFunc(pool.Close), be
+				}
+				db, err := sql.Open(driver, url+"&synchronous_commit=off&application_name=durability-app")
+				require.NoError(t, err)
+				var got string
+				require.NoError(t, db.QueryRowContext(t.Context(), "SHOW synchronous_commit").Scan(&got))
+				require.Equal(t, "off", got, "the application's sessions run at this level")
+				be, err := postgres.NewDB(db, postgres.Options{})
+				require.NoError(t, err)
+				return db, be
+			})
+		})
+	}
+}
+
+// closerFunc is a func() as an io.Closer.
+type closerFunc func()
+
+func (f closerFunc) Close() error { f(); return nil }
+
+func grantSurvivesCrashOnAsyncSession(t *testing.T, open func(url string) (io.Closer, *postgres.Backend)) {
 	srv, _ := durabilityServer(t, map[string]string{"wal_writer_delay": "10s", "autovacuum": "off"})
 	const key, rounds = "nightly", 3
 	last := int64(0)
@@ -94,7 +124,7 @@ func TestPostgresGrantSurvivesCrashOnAsyncSession(t *testing.T) {
 	}
 	for round := 1; round <= rounds; round++ {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-		pool, be := appBackend(t, srv.URL, "off")
+		pool, be := open(srv.URL)
 		l, err := be.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: fmt.Sprintf("round-%d", round)})
 		require.NoError(t, err, "round %d", round)
 		require.Greater(t, l.Token, last, "round %d: a token was handed out twice", round)
@@ -104,7 +134,7 @@ func TestPostgresGrantSurvivesCrashOnAsyncSession(t *testing.T) {
 		require.Equal(t, l.Token, token, "round %d: the acknowledged grant of token %d was lost in the crash", round, l.Token)
 		require.True(t, held, "round %d: the acknowledged grant was lost in the crash", round)
 
-		pool, be = appBackend(t, srv.URL, "off")
+		pool, be = open(srv.URL)
 		renewed, err := be.TryRenew(ctx, l, time.Hour)
 		require.NoError(t, err)
 		require.NoError(t, be.Close())
@@ -122,7 +152,7 @@ func TestPostgresGrantSurvivesCrashOnAsyncSession(t *testing.T) {
 		last = l.Token
 		cancel()
 	}
-	t.Logf("RESULT test=TestPostgresGrantSurvivesCrashOnAsyncSession rounds=%d crashes=%d last_token=%d", rounds, crashes, last)
+	t.Logf("RESULT test=%s rounds=%d crashes=%d last_token=%d", t.Name(), rounds, crashes, last)
 }
 
 // TestPostgresGrantWaitsForSynchronousStandby: a server that names a

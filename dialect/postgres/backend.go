@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,10 +21,19 @@ import (
 // safe for concurrent use. Close it to stop its listener; it never closes the
 // pool.
 type Backend struct {
-	pool   *pgxpool.Pool // the application's; never closed here
+	pool   *pgxpool.Pool // the application's (New); never closed here
 	table  string        // quoted, for messages
 	notify bool
 	log    *slog.Logger
+
+	// db is the application's *sql.DB instead of pool (NewDB; sqldb.go),
+	// never closed here. pgxDriver: db's driver is pgx's stdlib, whose
+	// connections reach a *pgx.Conn; listen: Watch listens (pgx's stdlib
+	// driver only: on other drivers waiters poll).
+	db        *sql.DB
+	pgxDriver bool
+	libpq     bool // db's driver is lib/pq (the pooler check, sqldb.go)
+	listen    bool
 
 	// full are the statements at the latest schema version, rendered by
 	// New: those that use no column of a later migration (renew, fence,
@@ -82,12 +92,22 @@ func New(pool *pgxpool.Pool, opts Options) (*Backend, error) {
 	if pool == nil {
 		return nil, errors.New("sqllock/postgres: nil pool")
 	}
+	b, err := newBackend(opts)
+	if err != nil {
+		return nil, err
+	}
+	b.pool = pool
+	b.listen = b.notify
+	return b, nil
+}
+
+// newBackend is the Backend that opts describe, on no pool yet.
+func newBackend(opts Options) (*Backend, error) {
 	table, err := opts.quotedTable()
 	if err != nil {
 		return nil, err
 	}
 	b := &Backend{
-		pool:      pool,
 		table:     table,
 		notify:    !opts.DisableNotify,
 		log:       cmpLogger(opts.Logger),
@@ -339,13 +359,9 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 	var out []sqllock.LockInfo
 	list := func() error {
 		out = out[:0]
-		rows, err := b.pool.Query(ctx, st.list, prefix)
-		if err != nil {
-			return err
-		}
 		var i sqllock.LockInfo
 		var now time.Time
-		_, err = pgx.ForEachRow(rows, []any{&i.Key, &i.Token, &i.Owner, &i.Held, &i.Deadline, &now, &i.Value}, func() error {
+		return b.listRows(ctx, st.list, prefix, []any{&i.Key, &i.Token, &i.Owner, &i.Held, &i.Deadline, &now, &i.Value}, func() error {
 			i.Remaining = 0
 			if i.Held {
 				i.Remaining = i.Deadline.Sub(now)
@@ -355,7 +371,6 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 			i.Value = nil // scanned fresh for the next row
 			return nil
 		})
-		return err
 	}
 	// A read-only statement too can fail with a serialization failure.
 	if err := b.retryConflicts(ctx, list); err != nil {

@@ -50,8 +50,16 @@ func TestBatchRenewalIsDurable(t *testing.T) {
 // of its own (the client renews it alone), never a loss.
 func TestBatchSkipsLockedRow(t *testing.T) {
 	t.Parallel()
-	bundle := newBundle(t, Options{})
-	b := bundle.backend
+	for _, f := range flavours {
+		t.Run(f.name, func(t *testing.T) {
+			t.Parallel()
+			bundle, b := f.bundle(t, Options{})
+			batchSkipsLockedRow(t, bundle, b)
+		})
+	}
+}
+
+func batchSkipsLockedRow(t *testing.T, bundle *testBundle, b *Backend) {
 	ctx := testCtx(t)
 	locked := acquireOK(t, b, "locked", "o", time.Minute)
 	free := acquireOK(t, b, "free", "o", time.Minute)
@@ -81,8 +89,16 @@ func TestBatchSkipsLockedRow(t *testing.T) {
 // shorter TTL than the lease's last renewal gave it.
 func TestBatchDeadlineNeverMovesBack(t *testing.T) {
 	t.Parallel()
-	bundle := newBundle(t, Options{})
-	b := bundle.backend
+	for _, f := range flavours {
+		t.Run(f.name, func(t *testing.T) {
+			t.Parallel()
+			bundle, b := f.bundle(t, Options{})
+			batchDeadlineNeverMovesBack(t, bundle, b)
+		})
+	}
+}
+
+func batchDeadlineNeverMovesBack(t *testing.T, bundle *testBundle, b *Backend) {
 	ctx := testCtx(t)
 	l := acquireOK(t, b, "k", "o", time.Minute)
 	long, err := b.TryRenew(ctx, l, time.Hour)
@@ -92,6 +108,6 @@ func TestBatchDeadlineNeverMovesBack(t *testing.T) {
 	require.NoError(t, res[0].Err)
 	require.False(t, res[0].Lease.Deadline.Before(long.Deadline), "the batch moved the deadline back from %v to %v", long.Deadline, res[0].Lease.Deadline)
 	var deadline time.Time
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT deadline FROM "+b.table+" WHERE key = 'k'").Scan(&deadline))
+	require.NoError(t, adminPool(b).QueryRow(ctx, "SELECT deadline FROM "+b.table+" WHERE key = 'k'").Scan(&deadline))
 	require.True(t, deadline.Equal(long.Deadline), "deadline %v, want %v", deadline, long.Deadline)
 }

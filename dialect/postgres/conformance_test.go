@@ -84,7 +84,7 @@ func harness(newBackend func(t *testing.T) sqllock.Backend, mayskip ...string) b
 		},
 		SetToken: func(t *testing.T, b sqllock.Backend, key string, token int64) {
 			pb := unwrap(b)
-			_, err := pb.pool.Exec(testCtx(t), "INSERT INTO "+pb.table+` (key, token, held, deadline, owner)
+			_, err := adminPool(pb).Exec(testCtx(t), "INSERT INTO "+pb.table+` (key, token, held, deadline, owner)
 				VALUES ($1, $2, false, clock_timestamp(), 'settoken')
 				ON CONFLICT (key) DO UPDATE SET token = excluded.token, held = false, hold_until = NULL`, key, token)
 			require.NoError(t, err)

@@ -1,5 +1,6 @@
 // Package postgres is the PostgreSQL [sqllock.Backend], on the application's
-// own [*pgxpool.Pool] (github.com/jackc/pgx/v5).
+// own [*pgxpool.Pool] (github.com/jackc/pgx/v5, [New]) or *sql.DB ([NewDB]:
+// pgx's stdlib driver or lib/pq).
 //
 // The lock table is created by the migrations package (or `sqllock migrate
 // up`): one row per key with its latest fencing token, whether it is held,
@@ -21,6 +22,18 @@
 // marked the lease: while a key is watched, the first refused attempt of a
 // tenure sets the row's "waited" column (migration 00003), once; a
 // TryAcquire that does not wait never writes.
+//
+// # On a *sql.DB
+//
+// [NewDB] serves the same statements, answers and errors on the
+// application's *sql.DB, each statement on a *sql.Conn of its own (where
+// database/sql never sends it again by itself). Under pgx's stdlib driver
+// Watch listens on one connection of the *sql.DB (reached through
+// (*sql.Conn).Raw); under lib/pq, or another driver, Watch never fires and
+// waiters poll. [Backend.FencedSQLTx] and [Backend.Fence] fence a
+// *sql.Tx. What differs per driver (a cancelled statement, a lost reply,
+// PgBouncer's settings: lib/pq needs binary_parameters=yes in transaction
+// mode) is in docs/postgres-sqldb.md.
 //
 // # Schema versions
 //

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"database/sql"
 	"log"
 	"os"
 	"os/exec"
@@ -80,6 +81,38 @@ func ExampleBackend_FencedTx() {
 	}
 }
 
+// A Backend on the application's *sql.DB (here pgx's stdlib driver, as
+// GORM, sqlx, ent and bun open it; lib/pq works too), and a transaction of
+// that *sql.DB fenced by the lease: its writes commit only while the lease
+// holds.
+func ExampleBackend_FencedSQLTx() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL")) // or your ORM's *sql.DB
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	backend, err := postgres.NewDB(db, postgres.Options{}) // never closes db
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer backend.Close()
+
+	lease, err := backend.TryAcquire(ctx, sqllock.AcquireRequest{Key: "invoices/43", TTL: sqllock.DefaultTTL, Owner: "worker-1"})
+	if err != nil {
+		log.Fatal(err) // errors.Is(err, sqllock.ErrNotAcquired) when held
+	}
+	defer backend.Release(ctx, lease)
+
+	err = backend.FencedSQLTx(ctx, lease, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, "UPDATE invoices SET state = 'sent' WHERE id = 43")
+		return err
+	})
+	if err != nil {
+		log.Fatal(err) // errors.Is(err, sqllock.ErrLeaseLost): nothing was written
+	}
+}
+
 // TestExamples runs the examples above on the PostgreSQL harness's server,
 // with DATABASE_URL naming a migrated schema, and checks what they did. They
 // have no Output comment because go test's example runner has no server to
@@ -88,8 +121,9 @@ func ExampleBackend_FencedTx() {
 // fails the test instead of ending the binary before the server is stopped.
 func TestExamples(t *testing.T) {
 	examples := map[string]func(){
-		"Example":                 Example,
-		"ExampleBackend_FencedTx": ExampleBackend_FencedTx,
+		"Example":                    Example,
+		"ExampleBackend_FencedTx":    ExampleBackend_FencedTx,
+		"ExampleBackend_FencedSQLTx": ExampleBackend_FencedSQLTx,
 	}
 	if name := os.Getenv(exampleEnv); name != "" {
 		examples[name]() // the child
@@ -101,7 +135,7 @@ func TestExamples(t *testing.T) {
 	defer sqlDB.Close()
 	require.NoError(t, migrations.Up(ctx, migrations.Postgres, sqlDB, migrations.Options{Schema: db.Schema}))
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE invoices (id int PRIMARY KEY, state text NOT NULL);
-		INSERT INTO invoices VALUES (42, 'draft')`)
+		INSERT INTO invoices VALUES (42, 'draft'), (43, 'draft')`)
 	require.NoError(t, err)
 
 	run := func(t *testing.T, name string) {
@@ -131,6 +165,16 @@ func TestExamples(t *testing.T) {
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT state FROM invoices WHERE id = 42`).Scan(&state))
 		require.Equal(t, "sent", state, "the fenced write committed")
 		token, held := lock(t, "invoices/42")
+		require.EqualValues(t, 1, token)
+		require.False(t, held)
+	})
+
+	t.Run("Backend_FencedSQLTx", func(t *testing.T) {
+		run(t, "ExampleBackend_FencedSQLTx")
+		var state string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT state FROM invoices WHERE id = 43`).Scan(&state))
+		require.Equal(t, "sent", state, "the fenced write committed")
+		token, held := lock(t, "invoices/43")
 		require.EqualValues(t, 1, token)
 		require.False(t, held)
 	})

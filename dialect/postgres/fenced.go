@@ -2,6 +2,9 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,6 +42,9 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 	}
 	if err := ctx.Err(); err != nil {
 		return pg.NotSent(outcome.Fence, l.Key, true, err)
+	}
+	if b.db != nil {
+		return fmt.Errorf("%s: FencedTx runs on a pgx pool; this Backend is on a *sql.DB (NewDB): use FencedSQLTx", pg.Prefix(outcome.Fence, l.Key))
 	}
 	// Take the connection explicitly: one that the server condemned
 	// (read-only after a failover, see unusable) is closed, not handed
@@ -96,6 +102,110 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 	// (syncwait.go).
 	if err := unsettled(ctx, conn.Conn().PgConn()); err != nil {
 		return b.translate(ctx, outcome.Commit, l.Key, err)
+	}
+	return nil
+}
+
+// FencedSQLTx is [Backend.FencedTx] for a Backend on a *sql.DB ([NewDB]):
+// fn gets a *sql.Tx of the Backend's *sql.DB (GORM, sqlx, ent and bun can
+// each run their queries on it: see the README), begun, fenced by l's row
+// FOR SHARE with its token and a live deadline, and committed after fn
+// only while the lease holds, with the same errors as FencedTx. fn must
+// not commit or roll back tx.
+func (b *Backend) FencedSQLTx(ctx context.Context, l sqllock.Lease, fn func(tx *sql.Tx) error) (err error) {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return err
+	}
+	if b.db == nil {
+		return fmt.Errorf("%s: FencedSQLTx runs on a *sql.DB; this Backend is on a pgx pool (New): use FencedTx", pg.Prefix(outcome.Fence, l.Key))
+	}
+	if err := ctx.Err(); err != nil {
+		return pg.NotSent(outcome.Fence, l.Key, true, err)
+	}
+	conn, err := b.connDB(ctx)
+	if err != nil {
+		return b.translate(ctx, outcome.Fence, l.Key, err)
+	}
+	defer func() {
+		if unusable(err) {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		conn.Close()
+	}()
+	if err := b.checkPoolerDB(ctx, conn); err != nil {
+		return b.translate(ctx, outcome.Fence, l.Key, b.driverError(err))
+	}
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return b.translate(ctx, outcome.Fence, l.Key, b.driverError(err))
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	if err := b.Fence(ctx, tx, l); err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	committed = true // from here on Commit ends the transaction either way
+	if b.pgxDriver {
+		_ = conn.Raw(func(dc any) error { clearWarning(pgConnOf(dc)); return nil })
+	}
+	if err := tx.Commit(); err != nil {
+		return b.translate(ctx, outcome.Commit, l.Key, b.driverError(err))
+	}
+	if b.pgxDriver {
+		// A WARNING OnNotice kept: the commit's wait for the synchronous
+		// standbys was cancelled (syncwait.go).
+		var warned error
+		_ = conn.Raw(func(dc any) error { warned = unsettled(context.Background(), pgConnOf(dc)); return nil })
+		if warned != nil {
+			return b.translate(ctx, outcome.Commit, l.Key, warned)
+		}
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		// Committed after the context ended: maybe without waiting for
+		// the synchronous standbys (syncwait.go).
+		return b.translate(ctx, outcome.Commit, l.Key, &unsettledError{ctxErr: ctxErr})
+	}
+	return nil
+}
+
+// Fence locks lease l's row FOR SHARE in tx, a transaction of the
+// application's own on the lock table's database (a *sql.Tx of any
+// library built on database/sql), if and only if l is held with its token
+// and a live deadline by the database clock: from then until tx ends, no
+// acquire can grant the key to anyone else, so whatever tx writes and
+// commits was written under l. If l is no longer valid it returns a
+// [*sqllock.LostError] and tx should be rolled back. The commit is the
+// caller's: one whose reply is lost, or that returns after ctx ended, may
+// have applied ([Backend.FencedSQLTx] reports that as
+// [sqllock.ErrIndeterminate]). Fence works on a Backend of either
+// constructor; it sends one statement on tx.
+func (b *Backend) Fence(ctx context.Context, tx *sql.Tx, l sqllock.Lease) error {
+	if err := sqllock.ValidateLease(l); err != nil {
+		return err
+	}
+	if tx == nil {
+		return fmt.Errorf("%s: nil *sql.Tx", pg.Prefix(outcome.Fence, l.Key))
+	}
+	if err := ctx.Err(); err != nil {
+		return pg.NotSent(outcome.Fence, l.Key, true, err)
+	}
+	var (
+		locked, held  bool
+		current       int64
+		deadline, now time.Time
+	)
+	if err := tx.QueryRowContext(ctx, b.full.fence, l.Key, l.Token).Scan(&locked, &current, &held, &deadline, &now); err != nil {
+		return b.translate(ctx, outcome.Fence, l.Key, b.driverError(err))
+	}
+	if !locked {
+		return lostReason(l, current, held, deadline, now)
 	}
 	return nil
 }

@@ -99,11 +99,16 @@ func recv[T any](t *testing.T, ch chan T) T {
 // coalesced.
 func TestGroupCommitConformance(t *testing.T) {
 	t.Parallel()
-	backendtest.Run(t, harness(func(t *testing.T) sqllock.Backend {
-		b := newBundle(t, Options{}).backend
-		coalesceAlways(b)
-		return b
-	}))
+	for _, f := range flavours {
+		t.Run(f.name, func(t *testing.T) {
+			t.Parallel()
+			backendtest.Run(t, harness(func(t *testing.T) sqllock.Backend {
+				_, b := f.bundle(t, Options{})
+				coalesceAlways(b)
+				return asClient(b)
+			}, f.mayskip...))
+		})
+	}
 }
 
 // Many goroutines acquire and release a few keys through coalescing: no two
@@ -112,7 +117,16 @@ func TestGroupCommitConformance(t *testing.T) {
 // strictly increase from one grant to the next.
 func TestGroupCommitHistory(t *testing.T) {
 	t.Parallel()
-	b := newBundle(t, Options{}).backend
+	for _, f := range flavours {
+		t.Run(f.name, func(t *testing.T) {
+			t.Parallel()
+			_, b := f.bundle(t, Options{})
+			groupCommitHistory(t, b)
+		})
+	}
+}
+
+func groupCommitHistory(t *testing.T, b *Backend) {
 	coalesceAlways(b)
 	ctx := testCtx(t)
 	const keys, workers, pairs = 6, 24, 40

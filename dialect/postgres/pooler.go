@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // ErrPoolerSettings means that the pool reaches PostgreSQL through a
@@ -108,6 +111,29 @@ func (b *Backend) checkPooler(ctx context.Context, c *pgxpool.Conn) error {
 // returns its result; nil when the check did not run.
 func (b *Backend) checkPoolerWith(ctx context.Context, c *pgxpool.Conn, also string) (*pgconn.Result, error) {
 	if b.poolerCheck.done.Load() {
+		return nil, b.poolerCheck.err // without pool.Config, which copies the configuration
+	}
+	return b.checkPoolerOn(ctx, c.Conn(), b.pool.Config().ConnConfig.DefaultQueryExecMode, b.poolOther, also)
+}
+
+// withOther runs f on a second connection of the Backend's pool, taken for
+// the pooler probe's moment.
+type withOther func(ctx context.Context, f func(*pgx.Conn) error) error
+
+// poolOther is withOther on the pgx pool.
+func (b *Backend) poolOther(ctx context.Context, f func(*pgx.Conn) error) error {
+	c, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	return f(c.Conn())
+}
+
+// checkPoolerOn is checkPoolerWith on conn, whose default exec mode is
+// execMode, taking the probe's second connection through other.
+func (b *Backend) checkPoolerOn(ctx context.Context, conn *pgx.Conn, execMode pgx.QueryExecMode, other withOther, also string) (*pgconn.Result, error) {
+	if b.poolerCheck.done.Load() {
 		return nil, b.poolerCheck.err
 	}
 	if !b.poolerCheck.mu.TryLock() {
@@ -117,14 +143,14 @@ func (b *Backend) checkPoolerWith(ctx context.Context, c *pgxpool.Conn, also str
 	if b.poolerCheck.done.Load() {
 		return nil, b.poolerCheck.err
 	}
-	b.poolerCheck.execMode = b.pool.Config().ConnConfig.DefaultQueryExecMode
-	if b.poolerCheck.execMode != pgx.QueryExecModeCacheStatement && !b.notify {
+	b.poolerCheck.execMode = execMode
+	if b.poolerCheck.execMode != pgx.QueryExecModeCacheStatement && !b.listen {
 		b.poolerCheck.done.Store(true)
 		return nil, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, poolerProbeTimeout)
 	defer cancel()
-	found, res, err := probePooler(pctx, c.Conn().PgConn(), b.pool, also)
+	found, res, err := probePooler(pctx, conn.PgConn(), other, also)
 	if err != nil {
 		b.poolerCheck.failures++
 		if b.poolerCheck.failures >= poolerProbeAttempts {
@@ -156,7 +182,7 @@ func (b *Backend) poolerError(f poolerFound) error {
 			"between transactions: set default_query_exec_mode=exec (or cache_describe, or simple_protocol) in the connection string, "+
 			"or pgxpool.Config.ConnConfig.DefaultQueryExecMode")
 	}
-	if f.transaction && b.notify {
+	if f.transaction && b.listen {
 		fixes = append(fixes, "LISTEN needs a session of its own, which a pooler in transaction mode does not give: set postgres.Options{DisableNotify: true}")
 	}
 	if len(fixes) == 0 {
@@ -167,10 +193,10 @@ func (b *Backend) poolerError(f poolerFound) error {
 }
 
 // probePooler runs the probe described at checkPooler on conn (idle, out of
-// a transaction), taking a second connection from pool for a moment. The
+// a transaction), taking a second connection through other for a moment. The
 // first round trip also sends also, if not "", and returns its result
 // (with its error, if it failed) whatever the probe finds.
-func probePooler(ctx context.Context, conn *pgconn.PgConn, pool *pgxpool.Pool, also string) (f poolerFound, alsoRes *pgconn.Result, err error) {
+func probePooler(ctx context.Context, conn *pgconn.PgConn, other withOther, also string) (f poolerFound, alsoRes *pgconn.Result, err error) {
 	q, want := "SELECT pg_backend_pid()", 1
 	if also != "" {
 		q, want = q+";\n"+also, 2
@@ -208,39 +234,37 @@ func probePooler(ctx context.Context, conn *pgconn.PgConn, pool *pgxpool.Pool, a
 	if err != nil {
 		return f, alsoRes, err
 	}
-	other, err := pool.Acquire(ctx)
-	if err != nil {
-		return f, alsoRes, err
-	}
-	defer other.Release()
-	tx, err := other.Begin(ctx)
-	if err != nil {
-		return f, alsoRes, err
-	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_ = tx.Rollback(rctx)
-	}()
-	var second uint32
-	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&second); err != nil {
-		return f, alsoRes, err
-	}
-	again, err := prepared(ctx, conn, name)
-	switch {
-	case errors.Is(err, errNamedLost):
-		f.transaction, f.namedLost = true, true
-	case err != nil:
-		return f, alsoRes, err
-	default:
-		f.transaction = second == first || again != first
-	}
-	if second == first {
-		// The other client has the server connection with the probe's
-		// statement: drop it there.
-		_, _ = tx.Exec(ctx, "DEALLOCATE "+name, pgx.QueryExecModeSimpleProtocol)
-	}
-	return f, alsoRes, nil
+	err = other(ctx, func(oc *pgx.Conn) error {
+		tx, err := oc.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			_ = tx.Rollback(rctx)
+		}()
+		var second uint32
+		if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&second); err != nil {
+			return err
+		}
+		again, err := prepared(ctx, conn, name)
+		switch {
+		case errors.Is(err, errNamedLost):
+			f.transaction, f.namedLost = true, true
+		case err != nil:
+			return err
+		default:
+			f.transaction = second == first || again != first
+		}
+		if second == first {
+			// The other client has the server connection with the probe's
+			// statement: drop it there.
+			_, _ = tx.Exec(ctx, "DEALLOCATE "+name, pgx.QueryExecModeSimpleProtocol)
+		}
+		return nil
+	})
+	return f, alsoRes, err
 }
 
 // errNamedLost: the probe's named prepared statement was missing.
@@ -274,4 +298,160 @@ func onePID(rows [][][]byte) (uint32, error) {
 // QueryExecModeCacheStatement. Nothing was executed.
 func isForeignStatement(pgErr *pgconn.PgError) bool {
 	return (pgErr.Code == "26000" || pgErr.Code == "42P05") && strings.Contains(pgErr.Message, `"stmtcache_`)
+}
+
+// checkPoolerDB is checkPooler on db: under pgx's stdlib driver, the same
+// probe on the *pgx.Conn that c reaches, its second connection taken from
+// db; under lib/pq, checkPoolerLibPQ.
+func (b *Backend) checkPoolerDB(ctx context.Context, c *sql.Conn) error {
+	_, err := b.checkPoolerDBWith(ctx, c, "")
+	return err
+}
+
+// checkPoolerDBWith is checkPoolerWith on db.
+func (b *Backend) checkPoolerDBWith(ctx context.Context, c *sql.Conn, also string) (res *pgconn.Result, err error) {
+	if b.poolerCheck.done.Load() {
+		return nil, b.poolerCheck.err
+	}
+	if b.db.Stats().MaxOpenConnections == 1 {
+		// The probe needs a second connection, which would wait for c
+		// until the probe's timeout on each attempt: not checked (under
+		// pgx a foreign prepared statement still reports
+		// ErrPoolerSettings, see translatePg).
+		b.poolerCheck.done.Store(true)
+		return nil, nil
+	}
+	if !b.pgxDriver {
+		return nil, b.checkPoolerLibPQ(ctx, c)
+	}
+	rawErr := c.Raw(func(dc any) error {
+		conn := dc.(*stdlib.Conn).Conn()
+		res, err = b.checkPoolerOn(ctx, conn, conn.Config().DefaultQueryExecMode, b.dbOther, also)
+		return nil
+	})
+	if rawErr != nil {
+		return nil, rawErr
+	}
+	return res, err
+}
+
+// dbOther is withOther on db: a second connection of db, its *pgx.Conn.
+func (b *Backend) dbOther(ctx context.Context, f func(*pgx.Conn) error) error {
+	c, err := b.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.Raw(func(dc any) error { return f(dc.(*stdlib.Conn).Conn()) })
+}
+
+// checkPoolerLibPQ is the pooler check of lib/pq, once per Backend. lib/pq
+// prepares no named statement and the Backend does not listen on it, but
+// without binary_parameters=yes it sends each statement with arguments in
+// two round trips (prepare the unnamed statement, then bind and execute
+// it): a pooler in transaction mode may hand them to different server
+// connections, and the bind then meets another client's unnamed
+// statement (measured through PgBouncer: "bind message supplies 5
+// parameters, but prepared statement \"\" requires 1", or "unnamed
+// prepared statement does not exist"), or, where the counts match, runs
+// it. Transaction pooling is recognised as checkPooler does, by a server
+// connection changing hands (lib/pq reports no backend PID, so the probe
+// runs also on a direct connection: three round trips and a second
+// connection, once). Other drivers are not checked.
+func (b *Backend) checkPoolerLibPQ(ctx context.Context, c *sql.Conn) error {
+	if !b.libpq {
+		b.poolerCheck.done.Store(true)
+		return nil
+	}
+	if !b.poolerCheck.mu.TryLock() {
+		return nil
+	}
+	defer b.poolerCheck.mu.Unlock()
+	if b.poolerCheck.done.Load() {
+		return b.poolerCheck.err
+	}
+	if binaryParameters(c) {
+		b.poolerCheck.done.Store(true)
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, poolerProbeTimeout)
+	defer cancel()
+	transaction, err := probeTransactionPooling(pctx, c, b.db)
+	if err != nil {
+		b.poolerCheck.failures++
+		if b.poolerCheck.failures >= poolerProbeAttempts {
+			b.poolerCheck.done.Store(true)
+		}
+		return nil
+	}
+	if transaction {
+		b.poolerCheck.err = fmt.Errorf("%w: the *sql.DB's connections go through a pooler in transaction mode (PgBouncer?): "+
+			"lib/pq without binary_parameters=yes prepares each statement in one transaction and runs it in the next, which the pooler "+
+			"may send to another server connection: add binary_parameters=yes to the connection string", ErrPoolerSettings)
+	}
+	b.poolerCheck.done.Store(true)
+	return b.poolerCheck.err
+}
+
+// binaryParameters reports whether c, a lib/pq connection, sends its
+// statements in one round trip (binary_parameters=yes), read from the
+// driver's connection: lib/pq keeps it in an unexported field
+// (cfg.BinaryParameters from v1.11, binaryParameters before). Not found:
+// false.
+func binaryParameters(c *sql.Conn) bool {
+	var on bool
+	_ = c.Raw(func(dc any) error {
+		v := reflect.ValueOf(dc)
+		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct {
+			return nil
+		}
+		if f := v.FieldByName("cfg"); f.IsValid() && f.Kind() == reflect.Struct {
+			if bp := f.FieldByName("BinaryParameters"); bp.IsValid() && bp.Kind() == reflect.Bool {
+				on = bp.Bool()
+			}
+		} else if bp := v.FieldByName("binaryParameters"); bp.IsValid() && bp.Kind() == reflect.Bool {
+			on = bp.Bool()
+		}
+		return nil
+	})
+	return on
+}
+
+// probeTransactionPooling tells whether c's server connection changes
+// hands between transactions, as probePooler does: c reads its backend
+// PID, a second connection of db reads its own inside a transaction, and c
+// reads again.
+func probeTransactionPooling(ctx context.Context, c *sql.Conn, db *sql.DB) (bool, error) {
+	pid := func(q interface {
+		QueryRowContext(context.Context, string, ...any) *sql.Row
+	}) (p int64, err error) {
+		err = q.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&p)
+		return p, err
+	}
+	first, err := pid(c)
+	if err != nil {
+		return false, err
+	}
+	other, err := db.Conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer other.Close()
+	tx, err := other.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	second, err := pid(tx)
+	if err != nil {
+		return false, err
+	}
+	again, err := pid(c)
+	if err != nil {
+		return false, err
+	}
+	return second == first || again != first, nil
 }

@@ -29,7 +29,7 @@ func acquireOK(t *testing.T, b *Backend, key, owner string, ttl time.Duration) s
 // its token and held flag.
 func expire(t *testing.T, b *Backend, key string) {
 	t.Helper()
-	tag, err := b.pool.Exec(testCtx(t), "UPDATE "+b.table+" SET deadline = clock_timestamp() - interval '1 millisecond' WHERE key = $1", key)
+	tag, err := adminPool(b).Exec(testCtx(t), "UPDATE "+b.table+" SET deadline = clock_timestamp() - interval '1 millisecond' WHERE key = $1", key)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected(), "expire(%q): no such key", key)
 }

@@ -5,7 +5,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"text/template"
 
@@ -131,6 +130,9 @@ func (b *Backend) statements(ctx context.Context, o outcome.Op, key string) (*st
 // statement's), else alone; both in the simple protocol, which prepares
 // nothing.
 func (b *Backend) readVersion(ctx context.Context) (int, error) {
+	if b.db != nil {
+		return b.readVersionDB(ctx)
+	}
 	c, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return 0, err
@@ -153,11 +155,7 @@ func (b *Backend) readVersion(ctx context.Context) (int, error) {
 	if len(res.Rows) != 1 || len(res.Rows[0]) != 1 {
 		return 0, fmt.Errorf("sqllock/postgres: schema version: unexpected result %q", res.Rows)
 	}
-	v, err := strconv.Atoi(string(res.Rows[0][0]))
-	if err == nil && (v < 2 || v > latest) {
-		err = fmt.Errorf("sqllock/postgres: schema version %d read", v)
-	}
-	return v, err
+	return versionOf(string(res.Rows[0][0]))
 }
 
 // lacks is the error of a request that needs a column st does not have

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -57,6 +58,11 @@ func (b *Backend) queryRow(ctx context.Context, sql string, args []any, dest ...
 
 // queryRowVia is queryRow run as o says.
 func (b *Backend) queryRowVia(ctx context.Context, o sendOpts, sql string, args []any, dest ...any) error {
+	if b.db != nil {
+		// A copy: dest itself stays on the pgx path's stack (the DB path
+		// may hand its copy to a goroutine, see bounded).
+		return b.queryRowDB(ctx, o, sql, args, append([]any(nil), dest...))
+	}
 	return b.send(ctx, o, func(c *pgx.Conn) error {
 		return c.QueryRow(ctx, sql, args...).Scan(dest...)
 	})
@@ -72,6 +78,9 @@ func (b *Backend) queryRows(ctx context.Context, sql string, args []any, dest []
 
 // queryRowsVia is queryRows run as o says.
 func (b *Backend) queryRowsVia(ctx context.Context, o sendOpts, sql string, args []any, dest []any, each func() error) error {
+	if b.db != nil {
+		return b.queryRowsDB(ctx, o, sql, args, dest, each)
+	}
 	return b.send(ctx, o, func(c *pgx.Conn) error {
 		rows, err := c.Query(ctx, sql, args...)
 		if err == nil {
@@ -79,6 +88,22 @@ func (b *Backend) queryRowsVia(ctx context.Context, o sendOpts, sql string, args
 		}
 		return err
 	})
+}
+
+// listRows runs List's statement (sql with prefix) on a connection of the
+// pool, scanning each row into dest and calling each; a read-only
+// statement, sent without the pooler check and reported as it failed,
+// never as unsettled.
+func (b *Backend) listRows(ctx context.Context, sql, prefix string, dest []any, each func() error) error {
+	if b.db != nil {
+		return b.listRowsDB(ctx, sql, prefix, dest, each)
+	}
+	rows, err := b.pool.Query(ctx, sql, prefix)
+	if err != nil {
+		return err
+	}
+	_, err = pgx.ForEachRow(rows, dest, each)
+	return err
 }
 
 // sendOpts say how send runs a statement: with the pooler check (pooler),
@@ -251,9 +276,11 @@ func conflict(prefix, code string, err error) error {
 }
 
 // isConnectionError reports a broken or closed connection (not a server
-// error).
+// error). database/sql's driver.ErrBadConn is one: lib/pq returns it also
+// for a connection that broke while it read the reply (pgx's stdlib
+// driver only before sending, see driverError).
 func isConnectionError(err error) bool {
-	if errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, net.ErrClosed) ||
+	if errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, net.ErrClosed) || errors.Is(err, driver.ErrBadConn) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNREFUSED) {
 		return true

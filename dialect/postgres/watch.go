@@ -27,7 +27,7 @@ import (
 //
 // The returned function ends the watch; call it once when done.
 func (b *Backend) Watch(key string) (<-chan struct{}, func()) {
-	if !b.notify {
+	if !b.listen {
 		return make(chan struct{}, 1), func() {}
 	}
 	b.mu.Lock()
@@ -133,6 +133,13 @@ func (l *listener) run() {
 // notifications until it fails or the listener stops. listened reports
 // whether LISTEN succeeded.
 func (l *listener) session() (listened bool, err error) {
+	if l.b.db != nil {
+		err = l.b.listenConnDB(l.ctx, func(conn *pgx.Conn) error {
+			listened, err = l.listenOn(conn)
+			return err
+		})
+		return listened, err
+	}
 	pc, err := l.b.pool.Acquire(l.ctx)
 	if err != nil {
 		return false, err
@@ -143,6 +150,14 @@ func (l *listener) session() (listened bool, err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = conn.Close(ctx)
+	}()
+	return l.listenOn(conn)
+}
+
+// listenOn listens on conn, a connection of the listener's own, and
+// dispatches notifications until it fails or the listener stops.
+func (l *listener) listenOn(conn *pgx.Conn) (listened bool, err error) {
+	defer func() {
 		l.mu.Lock()
 		l.pid = 0
 		l.mu.Unlock()

@@ -3,10 +3,13 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -143,6 +146,9 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	if db == nil {
 		return nil, errors.New("sqllock/sqlite: New: nil *sql.DB")
 	}
+	if err := checkDriver(db.Driver()); err != nil {
+		return nil, err
+	}
 	if opts.Synchronous != "" || opts.BusyTimeout != 0 || opts.ReadOnly {
 		return nil, errors.New("sqllock/sqlite: New: Options.Synchronous, Options.BusyTimeout and Options.ReadOnly are DSN settings; build your DSN with sqlite.DSN (and mode=ro)")
 	}
@@ -157,6 +163,10 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	err = b.retry(ctx, openTimeout, func(ctx context.Context) error {
 		return db.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file)
 	})
+	if err != nil && strings.Contains(err.Error(), `"pragma_database_list" does not exist`) {
+		// A PostgreSQL driver checkDriver does not know (a wrapper).
+		return nil, fmt.Errorf("sqllock/sqlite: New: the *sql.DB is not SQLite's (PostgreSQL's? open the Backend with postgres.NewDB): %w", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sqllock/sqlite: New: %w", b.translate(err, false))
 	}
@@ -164,6 +174,24 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("%w: the handle's main database has no file", ErrInMemory)
 	}
 	return b, nil
+}
+
+// checkDriver refuses, before any I/O, a *sql.DB whose driver is one of
+// PostgreSQL's (pgx's stdlib, lib/pq), known by its package.
+func checkDriver(d driver.Driver) error {
+	t := reflect.TypeOf(d)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil {
+		return nil
+	}
+	switch pkg := t.PkgPath(); {
+	case strings.HasPrefix(pkg, "github.com/jackc/pgx/"), pkg == "github.com/lib/pq":
+		return fmt.Errorf("sqllock/sqlite: New: the *sql.DB's driver is PostgreSQL's (%s): open the Backend with postgres.NewDB "+
+			"(package github.com/ashlock/ashlock/dialect/postgres)", pkg)
+	}
+	return nil
 }
 
 func newBackend(db *sql.DB, o Options, owned bool) *Backend {

@@ -1,0 +1,292 @@
+package postgres
+
+import (
+	"database/sql"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/lib/pq" // registers "postgres"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/sqllock"
+	"github.com/ashlock/ashlock/sqllock/backendtest"
+)
+
+// sqlDriver opens a *sql.DB on a server (host, port) with a test schema's
+// credentials and search_path, through one database/sql driver.
+type sqlDriver struct {
+	name string
+	open func(cfg *pgconn.Config, host string, port uint16, schema string) (*sql.DB, error)
+}
+
+// sqlDrivers are the database/sql drivers NewDB is tested on: pgx's
+// stdlib driver and lib/pq scan bytea and timestamptz, and surface a
+// cancelled query, each their own way.
+var sqlDrivers = []sqlDriver{
+	{"pgx", func(cfg *pgconn.Config, host string, port uint16, schema string) (*sql.DB, error) {
+		cc, err := pgxpool.ParseConfig("")
+		if err != nil {
+			return nil, err
+		}
+		c := cc.ConnConfig
+		c.Host, c.Port, c.User, c.Password, c.Database = host, port, cfg.User, cfg.Password, cfg.Database
+		c.TLSConfig, c.Fallbacks = nil, nil
+		c.RuntimeParams["search_path"] = schema
+		return stdlib.OpenDB(*c), nil
+	}},
+	{"pq", func(cfg *pgconn.Config, host string, port uint16, schema string) (*sql.DB, error) {
+		dsn := fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable search_path=%s", host, port, cfg.User, cfg.Database, schema)
+		if cfg.Password != "" {
+			dsn += " password=" + cfg.Password
+		}
+		return sql.Open("postgres", dsn)
+	}},
+}
+
+// adminPools are the pgx pools of the DB Backends' schemas, for the
+// tests' own statements (expire, SetToken): a Backend from NewDB has none.
+var adminPools sync.Map // *Backend → *pgxpool.Pool
+
+// adminPool is b's pool, or the pool of the schema of b from NewDB.
+func adminPool(b *Backend) *pgxpool.Pool {
+	if b.pool != nil {
+		return b.pool
+	}
+	p, _ := adminPools.Load(b)
+	return p.(*pgxpool.Pool)
+}
+
+// openDB opens a *sql.DB through d on bundle's schema, at addr (the
+// server's when ""), closed in t.Cleanup after the Backends.
+func openDB(t testing.TB, bundle *testBundle, d sqlDriver, addr string) *sql.DB {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(bundle.db.URL)
+	require.NoError(t, err)
+	host, port := cfg.Host, cfg.Port
+	if addr != "" {
+		h, p, err := net.SplitHostPort(addr)
+		require.NoError(t, err)
+		n, err := strconv.Atoi(p)
+		require.NoError(t, err)
+		host, port = h, uint16(n)
+	}
+	db, err := d.open(cfg, host, port, bundle.db.Schema)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	return db
+}
+
+// newDBBackend is a Backend from NewDB on db, on bundle's schema, closed in
+// t.Cleanup before db.
+func newDBBackend(t testing.TB, bundle *testBundle, db *sql.DB, opts Options) *Backend {
+	t.Helper()
+	b, err := NewDB(db, opts)
+	require.NoError(t, err)
+	adminPools.Store(b, bundle.db.Pool)
+	t.Cleanup(func() {
+		require.NoError(t, b.Close())
+		adminPools.Delete(b)
+	})
+	return b
+}
+
+// dbBundle is a fresh schema and a Backend from NewDB on it through d.
+func dbBundle(t testing.TB, d sqlDriver, opts Options) (*testBundle, *Backend) {
+	t.Helper()
+	bundle := newBundle(t, opts)
+	return bundle, newDBBackend(t, bundle, openDB(t, bundle, d, ""), opts)
+}
+
+// asClient is b as a Client sees it: without the Watcher when b does not
+// listen (lib/pq), so that waiters poll.
+func asClient(b *Backend) sqllock.Backend {
+	if !b.listen {
+		return pollOnly{b, b}
+	}
+	return b
+}
+
+// flavour is one way of opening a Backend: New on a pgx pool, or NewDB
+// through one of sqlDrivers. bundle returns a fresh schema and the
+// Backend on it; mayskip are the conformance rules it may skip.
+type flavour struct {
+	name    string
+	bundle  func(t testing.TB, opts Options) (*testBundle, *Backend)
+	mayskip []string
+}
+
+// flavours are the Backends that tests of the statements' rules run on.
+var flavours = func() []flavour {
+	fs := []flavour{{name: "pgxpool", bundle: func(t testing.TB, opts Options) (*testBundle, *Backend) {
+		bundle := newBundle(t, opts)
+		return bundle, bundle.backend
+	}}}
+	for _, d := range sqlDrivers {
+		f := flavour{name: "sql-" + d.name, bundle: func(t testing.TB, opts Options) (*testBundle, *Backend) {
+			return dbBundle(t, d, opts)
+		}}
+		if d.name != "pgx" {
+			f.mayskip = []string{watchRule} // waiters poll
+		}
+		fs = append(fs, f)
+	}
+	return fs
+}()
+
+func TestDBConformance(t *testing.T) {
+	t.Parallel()
+	for _, d := range sqlDrivers {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			var mayskip []string
+			if d.name != "pgx" {
+				mayskip = append(mayskip, watchRule) // waiters poll
+			}
+			backendtest.Run(t, harness(func(t *testing.T) sqllock.Backend {
+				_, b := dbBundle(t, d, Options{})
+				return asClient(b)
+			}, mayskip...))
+		})
+	}
+}
+
+// Under pgx's stdlib driver the Backend listens on a connection of the
+// *sql.DB; under lib/pq it does not (waiters poll), said in the doc.
+func TestDBListens(t *testing.T) {
+	t.Parallel()
+	for _, d := range sqlDrivers {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			_, b := dbBundle(t, d, Options{})
+			require.Equal(t, d.name == "pgx", b.listen)
+		})
+	}
+}
+
+// NewDB never closes the application's *sql.DB, and refuses bad input
+// before any I/O.
+func TestNewDB(t *testing.T) {
+	t.Parallel()
+	_, err := NewDB(nil, Options{})
+	require.ErrorContains(t, err, "nil *sql.DB")
+	for _, d := range sqlDrivers {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			bundle := newBundle(t, Options{})
+			db := openDB(t, bundle, d, "")
+			_, err := NewDB(db, Options{Table: "bad-name"})
+			require.Error(t, err)
+			b, err := NewDB(db, Options{})
+			require.NoError(t, err)
+			acquireOK(t, b, "k", "o", time.Minute)
+			w, stop := b.Watch("k")
+			_ = w
+			stop()
+			require.NoError(t, b.Close())
+			require.NoError(t, db.PingContext(testCtx(t)), "Close closed the application's *sql.DB")
+		})
+	}
+}
+
+// An acquire without a value stores NULL, alone or in a batch, whatever
+// the driver (lib/pq sends a nil []byte, and a nil element of a bytea
+// array, as an empty bytea), and one with a value stores it.
+func TestDBNoValueIsNULL(t *testing.T) {
+	t.Parallel()
+	for _, d := range sqlDrivers {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			bundle, b := dbBundle(t, d, Options{})
+			ctx := testCtx(t)
+			acquireOK(t, b, "alone", "o", time.Minute)
+			holdQueue(b.acquireQ)
+			reqs := []sqllock.AcquireRequest{
+				{Key: "none", Owner: "o", TTL: time.Minute},
+				{Key: "some", Owner: "o", TTL: time.Minute, Value: []byte{0, 'v', 0xff}},
+			}
+			var chs []chan acquireResult
+			for i, r := range reqs {
+				chs = append(chs, goAcquireReq(ctx, b, r))
+				waitQueued(t, b.acquireQ, i+1)
+			}
+			flushQueue(b.acquireQ)
+			for _, ch := range chs {
+				require.NoError(t, recv(t, ch).err)
+			}
+			unholdQueue(t, b.acquireQ)
+			require.EqualValues(t, 1, b.acquireQ.batches.Load())
+			rows, err := bundle.db.Pool.Query(ctx, "SELECT key, value FROM "+b.table+" ORDER BY key")
+			require.NoError(t, err)
+			got := map[string][]byte{}
+			for rows.Next() {
+				var k string
+				var v []byte
+				require.NoError(t, rows.Scan(&k, &v))
+				got[k] = v
+			}
+			require.NoError(t, rows.Err())
+			require.Nil(t, got["alone"], "a single acquire without a value stored %q", got["alone"])
+			require.Nil(t, got["none"], "a batch member without a value stored %q", got["none"])
+			require.Equal(t, []byte{0, 'v', 0xff}, got["some"])
+			infos, err := b.List(ctx, "some")
+			require.NoError(t, err)
+			require.Equal(t, []byte{0, 'v', 0xff}, infos[0].Value)
+		})
+	}
+}
+
+// One round trip per operation on a *sql.DB: under pgx's stdlib driver,
+// and under lib/pq with binary_parameters=yes; lib/pq's default sends
+// each statement with arguments in two (prepare, then bind and execute),
+// as docs/postgres-sqldb.md says.
+func TestDBRoundTripsPerOperation(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		d      sqlDriver
+		params string
+		trips  int64
+	}{{"pgx", sqlDrivers[0], "", 1}, {"pq", sqlDrivers[1], "", 2}, {"pq-binary", sqlDrivers[1], " binary_parameters=yes", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			bundle := newBundle(t, Options{})
+			cfg, err := pgconn.ParseConfig(bundle.db.URL)
+			require.NoError(t, err)
+			p := newSyncCounter(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+			d := tc.d
+			if tc.params != "" {
+				open := d.open
+				d.open = func(cfg *pgconn.Config, host string, port uint16, schema string) (*sql.DB, error) {
+					return open(cfg, host, port, schema+tc.params)
+				}
+			}
+			db := openDB(t, bundle, d, p.addr())
+			db.SetMaxOpenConns(1) // every statement on the one warmed connection
+			b := newDBBackend(t, bundle, db, Options{DisableGroupCommit: true})
+			ctx := testCtx(t)
+			// Warm: the pooler check, the schema version, pgx's statement cache.
+			l := acquireOK(t, b, "warm", "o", time.Minute)
+			_, err = b.TryRenew(ctx, l, time.Minute)
+			require.NoError(t, err)
+			require.NoError(t, b.Release(ctx, l))
+			trips := func(op func() error) int64 {
+				n := p.trips.Load()
+				require.NoError(t, op())
+				return p.trips.Load() - n
+			}
+			require.Equal(t, tc.trips, trips(func() error {
+				l, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", Owner: "o", TTL: time.Minute})
+				return err
+			}), "acquire")
+			require.Equal(t, tc.trips, trips(func() error { _, err := b.TryRenew(ctx, l, time.Minute); return err }), "renew")
+			require.Equal(t, tc.trips, trips(func() error { return b.Release(ctx, l) }), "release")
+		})
+	}
+}
