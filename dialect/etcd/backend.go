@@ -156,7 +156,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			// Without a min hold, a grant may share a transaction with
 			// others (see txnGroup).
 			var o groupOutcome
-			resp, err, o = b.viaGroup(ctx, &b.acq, req.Key, clientv3.OpTxn(cmps, puts, nil), 4*len(b.tokenKey(req.Key))+len(rec)+64, grantTxn)
+			resp, o, err = b.viaGroup(ctx, &b.acq, req.Key, clientv3.OpTxn(cmps, puts, nil), 4*len(b.tokenKey(req.Key))+len(rec)+64, grantTxn)
 			switch {
 			case o.err != nil:
 				return sqllock.Lease{}, o.err
@@ -324,7 +324,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	var resp *clientv3.TxnResponse
 	if flat {
 		var o groupOutcome
-		resp, err, o = b.viaGroup(ctx, &b.rel, l.Key, b.releaseOp(l, string(rel)), 4*len(b.holderKey(l.Key))+len(rel)+64,
+		resp, o, err = b.viaGroup(ctx, &b.rel, l.Key, b.releaseOp(l, string(rel)), 4*len(b.holderKey(l.Key))+len(rel)+64,
 			func() (*clientv3.TxnResponse, error) { return b.releaseTxn(ctx, l, string(rel), true) })
 		switch {
 		case o.err != nil:

@@ -104,15 +104,15 @@ type groupOutcome struct {
 // viaGroup sends a call of g's kind for key: single, its single
 // transaction, when sent alone (its response or error, untranslated,
 // returned), else op, its nested form, in a batch (the batch's outcome
-// returned).
-func (b *Backend) viaGroup(ctx context.Context, g *txnGroup, key string, op clientv3.Op, size int, single func() (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error, groupOutcome) {
+// returned, with a nil error).
+func (b *Backend) viaGroup(ctx context.Context, g *txnGroup, key string, op clientv3.Op, size int, single func() (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, groupOutcome, error) {
 	g.mu.Lock()
 	if g.inFlight < groupInFlight {
 		g.inFlight++
 		g.mu.Unlock()
 		resp, err := single()
 		b.handOff(g)
-		return resp, err, groupOutcome{}
+		return resp, groupOutcome{}, err
 	}
 	c := &groupCall{ctx: ctx, key: key, op: op, size: size, done: make(chan groupOutcome, 1)}
 	g.queue = append(g.queue, c)
@@ -125,7 +125,7 @@ func (b *Backend) viaGroup(ctx context.Context, g *txnGroup, key string, op clie
 		if i := slices.Index(g.queue, c); i >= 0 {
 			g.queue = slices.Delete(g.queue, i, i+1)
 			g.mu.Unlock()
-			return nil, nil, groupOutcome{err: notSent(g.op, key, ctx.Err())}
+			return nil, groupOutcome{err: notSent(g.op, key, ctx.Err())}, nil
 		}
 		gb := c.b
 		g.mu.Unlock()
@@ -133,14 +133,14 @@ func (b *Backend) viaGroup(ctx context.Context, g *txnGroup, key string, op clie
 		case o = <-c.done:
 		default:
 			gb.leave()
-			return nil, nil, groupOutcome{err: etc.InFlight(g.op, key, true, ctx.Err())}
+			return nil, groupOutcome{err: etc.InFlight(g.op, key, true, ctx.Err())}, nil
 		}
 	}
 	if o.tr == nil && o.err == nil {
 		resp, err := single()
-		return resp, err, groupOutcome{}
+		return resp, groupOutcome{}, err
 	}
-	return nil, nil, o
+	return nil, o, nil
 }
 
 // handOff ends a call's turn in flight: the queue, if any, goes to a
