@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ashlock/ashlock/internal/keyrange"
 	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/internal/sqlident"
 	"github.com/ashlock/ashlock/internal/wait"
@@ -324,7 +325,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		return nil, err
 	}
 	query, args := b.listFromSQL, []any{prefix}
-	if end, ok := prefixEnd(prefix); ok {
+	if end, ok := keyrange.PrefixEnd(prefix); ok {
 		query, args = b.listSQL, []any{prefix, end}
 	}
 	var out []sqllock.LockInfo

@@ -206,17 +206,3 @@ func renderBare(q, quotedTable, now string) string {
 	q = strings.ReplaceAll(q, "{{table}}", quotedTable)
 	return strings.TrimSpace(q)
 }
-
-// prefixEnd returns the smallest string greater than every string that
-// starts with prefix, and false when there is none (prefix empty or all
-// 0xff bytes).
-func prefixEnd(prefix string) (string, bool) {
-	b := []byte(prefix)
-	for i := len(b) - 1; i >= 0; i-- {
-		if b[i] < 0xff {
-			b[i]++
-			return string(b[:i+1]), true
-		}
-	}
-	return "", false
-}

@@ -16,6 +16,7 @@ import (
 
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
+	"github.com/ashlock/ashlock/internal/keyrange"
 	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/ashlock/ashlock/migrations"
@@ -380,7 +381,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		return nil, err
 	}
 	query, args := b.listFromSQL, []any{prefix}
-	if end, ok := prefixEnd(prefix); ok {
+	if end, ok := keyrange.PrefixEnd(prefix); ok {
 		query, args = b.listSQL, []any{prefix, end}
 	}
 	var out []sqllock.LockInfo

@@ -166,17 +166,6 @@ func TestTTLRoundsUp(t *testing.T) {
 	}
 }
 
-func TestPrefixEnd(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]string{"": "", "a": "b", "job/": "job0", "a\xff": "b", "é": "\xc3\xaa"} {
-		got, ok := prefixEnd(in)
-		require.Equal(t, in != "", ok, "%q", in)
-		require.Equal(t, want, got, "%q", in)
-	}
-	_, ok := prefixEnd("\xff\xff")
-	require.False(t, ok)
-}
-
 // TestTokenExhaustedGrantsNothing: at the largest token a free key is
 // refused, a held one still reports its holder, and the token never wraps.
 func TestTokenExhaustedGrantsNothing(t *testing.T) {

@@ -58,17 +58,3 @@ func fill(t *template.Template, name string, h holes) string {
 	}
 	return strings.TrimSpace(b.String())
 }
-
-// prefixEnd returns the smallest string greater than every string that
-// starts with prefix, and false when there is none (prefix empty or all
-// 0xff bytes; valid UTF-8 never contains 0xff).
-func prefixEnd(prefix string) (string, bool) {
-	b := []byte(prefix)
-	for i := len(b) - 1; i >= 0; i-- {
-		if b[i] < 0xff {
-			b[i]++
-			return string(b[:i+1]), true
-		}
-	}
-	return "", false
-}
