@@ -49,12 +49,8 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 	// Take the connection explicitly: one that the server condemned
 	// (read-only after a failover, see unusable) is closed, not handed
 	// back for reuse.
-	conn, err := b.pool.Acquire(ctx)
+	conn, _, err := b.checkedConn(ctx, "")
 	if err != nil {
-		return b.translate(ctx, outcome.Fence, l.Key, err)
-	}
-	if err := b.checkPooler(ctx, conn); err != nil {
-		conn.Release()
 		return b.translate(ctx, outcome.Fence, l.Key, err)
 	}
 	defer func() {

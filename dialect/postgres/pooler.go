@@ -56,7 +56,7 @@ var ErrPoolerSettings = errors.New("sqllock/postgres: the pool's settings do not
 
 // pooler is what the Backend learned about the path to the server: the
 // check runs once, on the first connection a statement takes from the
-// pool (see Backend.checkPooler).
+// pool (see Backend.checkPoolerWith).
 type pooler struct {
 	done     atomic.Bool
 	mu       sync.Mutex        // held by the check while it runs; guards the rest
@@ -74,7 +74,34 @@ const (
 	poolerProbeAttempts = 3
 )
 
-// checkPooler tells, once per Backend, whether the pool's connections go
+// checkedConn takes a connection of the pool for a statement and runs
+// the pooler check on it, sending also in the check's round trip (see
+// checkPoolerWith). A check that its own bound ended leaves its
+// connection closed (pgx closes one whose reply did not come in time):
+// the statement then goes on another connection, checked again while
+// checks are due, so that a server that stalls costs the caller's
+// context, never a statement sent on a closed connection. On error, c is
+// nil and nothing was sent but (perhaps) a check.
+func (b *Backend) checkedConn(ctx context.Context, also string) (c *pgxpool.Conn, res *pgconn.Result, err error) {
+	for range poolerProbeAttempts + 1 {
+		c, err = b.pool.Acquire(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		res, err = b.checkPoolerWith(ctx, c, also)
+		if err != nil {
+			c.Release()
+			return nil, nil, err
+		}
+		if !c.Conn().IsClosed() {
+			return c, res, nil
+		}
+		c.Release()
+	}
+	return nil, nil, errors.New("sqllock/postgres: every connection taken from the pool closed during the pooler check")
+}
+
+// checkPoolerWith tells, once per Backend, whether the pool's connections go
 // through a pooler in transaction mode with settings that cannot work there
 // (see ErrPoolerSettings), using c, a connection just taken from the pool
 // for a statement, and one more connection for a moment. It returns the
@@ -101,14 +128,10 @@ const (
 // A check that cannot tell (a connection problem, the context) reports
 // nothing: the statement then runs, and the next one checks again, up to
 // poolerProbeAttempts times.
-func (b *Backend) checkPooler(ctx context.Context, c *pgxpool.Conn) error {
-	_, err := b.checkPoolerWith(ctx, c, "")
-	return err
-}
-
-// checkPoolerWith is checkPooler, and when the check runs, it sends also (a
-// statement without parameters, or "") in the probe's first round trip and
-// returns its result; nil when the check did not run.
+//
+// When the check runs, it sends also (a statement without parameters, or
+// "") in the probe's first round trip and returns its result; nil when the
+// check did not run.
 func (b *Backend) checkPoolerWith(ctx context.Context, c *pgxpool.Conn, also string) (*pgconn.Result, error) {
 	if b.poolerCheck.done.Load() {
 		return nil, b.poolerCheck.err // without pool.Config, which copies the configuration
@@ -192,7 +215,7 @@ func (b *Backend) poolerError(f poolerFound) error {
 		ErrPoolerSettings, strings.Join(fixes, "; "))
 }
 
-// probePooler runs the probe described at checkPooler on conn (idle, out of
+// probePooler runs the probe described at checkPoolerWith on conn (idle, out of
 // a transaction), taking a second connection through other for a moment. The
 // first round trip also sends also, if not "", and returns its result
 // (with its error, if it failed) whatever the probe finds.
@@ -300,7 +323,7 @@ func isForeignStatement(pgErr *pgconn.PgError) bool {
 	return (pgErr.Code == "26000" || pgErr.Code == "42P05") && strings.Contains(pgErr.Message, `"stmtcache_`)
 }
 
-// checkPoolerDB is checkPooler on db: under pgx's stdlib driver, the same
+// checkPoolerDB is checkPoolerWith on db: under pgx's stdlib driver, the same
 // probe on the *pgx.Conn that c reaches, its second connection taken from
 // db; under lib/pq, checkPoolerLibPQ.
 func (b *Backend) checkPoolerDB(ctx context.Context, c *sql.Conn) error {
@@ -354,7 +377,7 @@ func (b *Backend) dbOther(ctx context.Context, f func(*pgx.Conn) error) error {
 // statement (measured through PgBouncer: "bind message supplies 5
 // parameters, but prepared statement \"\" requires 1", or "unnamed
 // prepared statement does not exist"), or, where the counts match, runs
-// it. Transaction pooling is recognised as checkPooler does, by a server
+// it. Transaction pooling is recognised as checkPoolerWith does, by a server
 // connection changing hands (lib/pq reports no backend PID, so the probe
 // runs also on a direct connection: three round trips and a second
 // connection, once). Other drivers are not checked.

@@ -133,15 +133,11 @@ func (b *Backend) readVersion(ctx context.Context) (int, error) {
 	if b.db != nil {
 		return b.readVersionDB(ctx)
 	}
-	c, err := b.pool.Acquire(ctx)
+	c, res, err := b.checkedConn(ctx, b.full.schema)
 	if err != nil {
 		return 0, err
 	}
 	defer c.Release()
-	res, err := b.checkPoolerWith(ctx, c, b.full.schema)
-	if err != nil {
-		return 0, err
-	}
 	if res == nil {
 		results, err := c.Conn().PgConn().Exec(ctx, b.full.schema).ReadAll()
 		if err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // conflictAttempts bounds how many times a statement is sent while it keeps
@@ -119,19 +120,24 @@ func (b *Backend) send(ctx context.Context, o sendOpts, run func(*pgx.Conn) erro
 		if o.aside && b.aside.active() {
 			return b.aside.run(ctx, b, run)
 		}
-		c, err := b.pool.Acquire(ctx)
+		var c *pgxpool.Conn
+		var err error
+		if o.pooler {
+			c, _, err = b.checkedConn(ctx, "")
+		} else {
+			c, err = b.pool.Acquire(ctx)
+		}
+		if errors.Is(err, ErrPoolerSettings) {
+			return err
+		}
 		if err != nil {
-			// Nothing was sent: waiting for a connection (or dialing one)
-			// failed, so the outcome is known, not indeterminate.
+			// Nothing was sent (but perhaps a pooler check): waiting for a
+			// connection (or dialing one) failed, so the outcome is known,
+			// not indeterminate.
 			b.aside.noteAbandoned(ctx)
 			return notSentError{err}
 		}
 		defer c.Release()
-		if o.pooler {
-			if err := b.checkPooler(ctx, c); err != nil {
-				return err
-			}
-		}
 		err = runOn(ctx, c.Conn(), run)
 		if unusable(err) {
 			discard(ctx, c.Conn())

@@ -276,6 +276,7 @@ func signalNumber(sig os.Signal) int {
 // forwarded to COMMAND and must not end the lease under it.
 func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, sigs <-chan os.Signal) (*sqllock.Guard, error) {
 	lockCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	attemptEnd := time.Now().Add(f.attemptTimeout)
 	stopWatch := watchAcquire(ctx, cancel, f.attemptTimeout, sigs)
 	var (
 		g   *sqllock.Guard
@@ -295,6 +296,14 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 		g, err = client.Acquire(lockCtx, f.key, opts)
 	}
 	stopWatch()
+	if f.attemptTimeout > 0 && lockCtx.Err() == nil && !time.Now().Before(attemptEnd) {
+		// The backend's own bounds (its first round trip's) may end
+		// the attempt at the same moment, a little before the watcher
+		// is served: past its end, the attempt timed out, whichever
+		// noticed first. (lockCtx is the Guard's parent, so the bound
+		// cannot be its deadline.)
+		cancel(errAttemptTimeout{f.attemptTimeout})
+	}
 	if cause := context.Cause(lockCtx); cause != nil {
 		// Interrupted: give the lease back, if the acquire won it.
 		if g != nil {
