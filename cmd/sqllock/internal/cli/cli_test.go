@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/dialect/sqlite"
+	"github.com/ashlock/ashlock/memory"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -346,4 +347,23 @@ func TestErrorfFoldsJoinedErrors(t *testing.T) {
 	e := &env{stderr: &stderr}
 	e.errorf("sqllock run: %v", errors.Join(errors.New("busy (5)"), context.DeadlineExceeded))
 	require.Equal(t, "sqllock run: busy (5); context deadline exceeded\n", stderr.String())
+}
+
+// A command's lease keeps the supervisor's margin: its local deadline, at
+// which the supervisor SIGKILLs the command, is at least TTL/20 (at most
+// 1 s) before the backend's deadline, whatever the TTL run or elect take.
+func TestSupervisedLeaseMargin(t *testing.T) {
+	e := &env{}
+	for _, ttl := range []time.Duration{minRunTTL, 2 * time.Second, 30 * time.Second, 10 * time.Minute} {
+		c, err := sqllock.New(memory.New(), e.clientOptions(ttl, &database{dialect: migrations.SQLite}))
+		require.NoError(t, err, "TTL %v", ttl)
+		g, err := c.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		// The memory backend's deadline is its clock at the grant + TTL;
+		// the local deadline is the send time + TTL - margin.
+		want := min(ttl/20, time.Second)
+		got := g.Lease().Deadline.Sub(g.LocalDeadline())
+		require.GreaterOrEqual(t, got, want-time.Millisecond, "TTL %v: the local deadline is only %v before the backend's", ttl, got)
+		require.NoError(t, c.Close(context.Background()))
+	}
 }

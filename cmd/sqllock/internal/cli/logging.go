@@ -56,7 +56,7 @@ func (f *logFlags) setup(e *env) error {
 // clientOptions are the Options of the Client of run and elect: their
 // lease's ttl, and the logging asked for.
 func (e *env) clientOptions(ttl time.Duration, d *database) sqllock.Options {
-	opts := sqllock.Options{TTL: ttl, ReleaseTimeout: releaseTimeout, BackendName: string(d.dialect), Logger: e.log}
+	opts := sqllock.Options{TTL: ttl, Margin: superviseMargin(ttl), ReleaseTimeout: releaseTimeout, BackendName: string(d.dialect), Logger: e.log}
 	if e.log != nil {
 		opts.Observer = lockObserver(e.log)
 	}

@@ -94,6 +94,18 @@ func (e *env) startSupervisor(t tenure, f runFlags) (*supervised, error) {
 	return s, nil
 }
 
+// superviseMargin is the Client's safety margin for a lease that a
+// command runs under (run, elect): TTL/20, at most a second, and never
+// less than the library's default (TTL/100 + 2ms). The supervisor that
+// SIGKILLs the command at the local deadline is a process the OS
+// schedules on its own: on a loaded host its kill lands late (up to about
+// 40 ms seen at load 16 on 2 cores), which is a pause of the holder, and
+// the library's margin (22 ms at a 2 s TTL) does not cover that. The cost
+// is the command stopped that much earlier in an outage.
+func superviseMargin(ttl time.Duration) time.Duration {
+	return max(min(ttl/20, time.Second), min(ttl/100+2*time.Millisecond, ttl/4))
+}
+
 // termLead is how long before the local deadline the supervisor sends
 // SIGTERM once renewals no longer move it (its termAt): --grace, at most
 // the Overdue it is started with.
