@@ -119,7 +119,12 @@ func (b *Backend) named() bool { return b.prepared != nil && b.namedOK.Load() }
 // 0A000) failed at its bind, before it ran: it is prepared again and sent
 // once more. Every other failure is reported as it came.
 func (b *Backend) queryNamed(ctx context.Context, c *sql.Conn, query string, args []any, dest []any, each func() error) error {
-	return c.Raw(func(dc any) error {
+	return c.Raw(func(dc any) (err error) {
+		defer func() {
+			if errors.Is(err, driver.ErrBadConn) {
+				b.prepared.forget(dc) // database/sql discards dc
+			}
+		}()
 		cs := b.prepared.of(dc)
 		st, fresh, err := cs.prepare(ctx, dc, query)
 		if err != nil {

@@ -33,11 +33,14 @@ import (
 // Under pgx's stdlib driver, Watch listens on one connection of db, kept
 // out of its pool until Close, and [OnNotice] in the pgx.ConnConfig db was
 // opened with lets the Backend see an operator's cancel of a synchronous
-// standby wait. Under lib/pq waiters poll, and the DSN needs
-// binary_parameters=yes for one round trip per statement (and behind a
-// pooler in transaction mode at all; the first statement checks); lib/pq's
-// unnamed statements are planned on every call, which costs throughput
-// (docs/postgres-sqldb.md).
+// standby wait. Under lib/pq waiters poll, and the Backend prepares each
+// statement once per connection, then only binds and executes it (one
+// round trip), where the first statement's check finds the connection
+// direct to the server; behind a pooler, or with
+// [Options.UnnamedStatements], lib/pq sends them unnamed, parsed and
+// planned on every call, and needs binary_parameters=yes in the DSN for
+// one round trip per statement (behind a pooler in transaction mode, to
+// work at all; the first statement checks). See docs/postgres-sqldb.md.
 //
 // A *sql.DB whose driver is SQLite's is refused at once with an error that
 // names sqlite.New.

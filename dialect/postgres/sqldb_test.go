@@ -330,6 +330,11 @@ func TestDBLibPQPreparedStatements(t *testing.T) {
 			}
 			require.Equal(t, 3, prepared(), "acquire, renew and release, each prepared once")
 			require.Equal(t, 1, b.prepared.size())
+			for i := range 10 {
+				l := acquireOK(t, b, fmt.Sprintf("key%d", i), "o", time.Minute)
+				require.NoError(t, b.Release(ctx, l))
+			}
+			require.Equal(t, 3, prepared(), "statements are per statement, never per key")
 
 			for _, lose := range []string{"DEALLOCATE ALL", "DISCARD ALL"} {
 				_, err = db.ExecContext(ctx, lose)
@@ -345,4 +350,35 @@ func TestDBLibPQPreparedStatements(t *testing.T) {
 			require.EqualValues(t, 3, token, "one grant per acquire")
 		})
 	}
+}
+
+// The statement cache keeps the statements of a bounded number of
+// connections, the least recently used leaving first.
+func TestStmtCacheBounded(t *testing.T) {
+	t.Parallel()
+	s := &stmtCache{conns: map[any]*connStmts{}, limit: func() int { return 4 }}
+	conns := make([]*int, 10)
+	for i := range conns {
+		conns[i] = new(int)
+	}
+	for _, c := range conns[:4] {
+		s.of(c).stmts["q"] = nil
+	}
+	s.of(conns[0]) // used again: conns[1] is now the least recently used
+	s.of(conns[4])
+	_, kept := s.conns[conns[1]]
+	require.False(t, kept, "the least recently used connection stayed")
+	_, kept = s.conns[conns[0]]
+	require.True(t, kept, "a recently used connection left first")
+	for _, c := range conns[5:] {
+		s.of(c)
+		require.LessOrEqual(t, s.size(), 4)
+	}
+	_, kept = s.conns[conns[0]]
+	require.False(t, kept, "conns[0] outlived five newer connections")
+	s.of(conns[9])
+	_, kept = s.conns[conns[9]]
+	require.True(t, kept)
+	s.forget(conns[9])
+	require.Equal(t, 3, s.size())
 }
