@@ -283,6 +283,8 @@ func TestDBRoundTripsPerOperation(t *testing.T) {
 			l := acquireOK(t, b, "warm", "o", time.Minute)
 			_, err = b.TryRenew(ctx, l, time.Minute)
 			require.NoError(t, err)
+			_, err = b.TryRenewBatch(ctx, []sqllock.RenewRequest{{Lease: l, TTL: time.Minute}})
+			require.NoError(t, err)
 			require.NoError(t, b.Release(ctx, l))
 			trips := func(op func() error) int64 {
 				n := p.trips.Load()
@@ -294,6 +296,14 @@ func TestDBRoundTripsPerOperation(t *testing.T) {
 				return err
 			}), "acquire")
 			require.Equal(t, tc.trips, trips(func() error { _, err := b.TryRenew(ctx, l, time.Minute); return err }), "renew")
+			l2 := acquireOK(t, b, "k2", "o", time.Minute)
+			require.Equal(t, tc.trips, trips(func() error {
+				res, err := b.TryRenewBatch(ctx, []sqllock.RenewRequest{{Lease: l, TTL: time.Minute}, {Lease: l2, TTL: time.Minute}})
+				for _, r := range res {
+					require.NoError(t, r.Err)
+				}
+				return err
+			}), "batch renewal")
 			require.Equal(t, tc.trips, trips(func() error { return b.Release(ctx, l) }), "release")
 		})
 	}
