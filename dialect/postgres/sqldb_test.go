@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,9 +141,22 @@ var flavours = func() []flavour {
 	return fs
 }()
 
+// withDSNParams is d with params (" key=value ...") added to lib/pq's DSN.
+func withDSNParams(d sqlDriver, params string) sqlDriver {
+	open := d.open
+	d.name += "-" + strings.Fields(params)[0]
+	d.open = func(cfg *pgconn.Config, host string, port uint16, schema string) (*sql.DB, error) {
+		return open(cfg, host, port, schema+params)
+	}
+	return d
+}
+
+// The conformance suite on both drivers, and on lib/pq also with
+// binary_parameters=yes, which binds the prepared statements' bytea
+// arguments in binary.
 func TestDBConformance(t *testing.T) {
 	t.Parallel()
-	for _, d := range sqlDrivers {
+	for _, d := range append(sqlDrivers, withDSNParams(sqlDrivers[1], " binary_parameters=yes")) {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			var mayskip []string
