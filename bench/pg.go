@@ -69,9 +69,11 @@ type pgEnv struct {
 
 	// The Backend on a *sql.DB (postgres.NewDB): through pgx's stdlib
 	// driver (its statements traced like the pool's), and lib/pq with
-	// binary_parameters=yes (one round trip per statement; not traced).
-	sqlPgxDB, sqlPqDB           *sql.DB
-	backendSQLPgx, backendSQLPq *postgres.Backend
+	// binary_parameters=yes (one round trip per statement; not traced),
+	// its statements prepared per connection (the default) or sent
+	// unnamed (Options.UnnamedStatements, as behind a pooler).
+	sqlPgxDB, sqlPqDB                                *sql.DB
+	backendSQLPgx, backendSQLPq, backendSQLPqUnnamed *postgres.Backend
 
 	pglockDB *sql.DB
 	pglock   *pglock.Client
@@ -179,6 +181,9 @@ func setupPG(ctx context.Context, baseURL string, maxConc, nkeys int) (*pgEnv, e
 		return nil, err
 	}
 	if e.backendSQLPq, err = postgres.NewDB(e.sqlPqDB, postgres.Options{Schema: benchSchema}); err != nil {
+		return nil, err
+	}
+	if e.backendSQLPqUnnamed, err = postgres.NewDB(e.sqlPqDB, postgres.Options{Schema: benchSchema, UnnamedStatements: true}); err != nil {
 		return nil, err
 	}
 	if e.pglockDB, err = sql.Open("postgres", e.url); err != nil {
@@ -361,12 +366,13 @@ func (e *pgEnv) throughput(cfg *config) *matrix {
 			backendContender("backend-nonotify", e.backendNoNotify, e.keys, e.ttl),
 			backendContender("backend-sqldb-pgx", e.backendSQLPgx, e.keys, e.ttl),
 			backendContender("backend-sqldb-pq", e.backendSQLPq, e.keys, e.ttl),
+			backendContender("backend-sqldb-pq-unnamed", e.backendSQLPqUnnamed, e.keys, e.ttl),
 			clientContender("client", e.client, e.keys),
 			e.pglockContender(),
 			e.advisoryContender(),
 			e.floorContender(),
 		},
 		conc: cfg.conc, rounds: cfg.rounds, dur: cfg.dur, probe: e, warmup: cfg.warmup(),
-		latency: true, statementsPer: true, noStatements: map[string]bool{"pglock": true, "backend-sqldb-pq": true},
+		latency: true, statementsPer: true, noStatements: map[string]bool{"pglock": true, "backend-sqldb-pq": true, "backend-sqldb-pq-unnamed": true},
 	}
 }

@@ -43,6 +43,7 @@ var (
 		{"backend", "pglock"}, {"client", "pglock"}, {"backend-durable", "pglock"}, {"backend", "advisory"}, {"client", "advisory"},
 		{"backend", "backend-durable"}, {"backend", "backend-nonotify"},
 		{"backend-sqldb-pgx", "backend"}, {"backend-sqldb-pq", "backend"}, {"backend-sqldb-pgx", "pglock"}, {"backend-sqldb-pq", "pglock"},
+		{"backend-sqldb-pq-unnamed", "backend"}, {"backend-sqldb-pq-unnamed", "pglock"}, {"backend-sqldb-pq", "backend-sqldb-pq-unnamed"},
 	}
 	sqliteRatios      = [][2]string{{"ashlock-FULL", "raw-FULL"}, {"ashlock-NORMAL", "raw-NORMAL"}, {"ashlock-NORMAL", "flock"}, {"ashlock-FULL", "flock"}}
 	memoryRatios      = [][2]string{{"ashlock-memory", "mutex-map"}, {"ashlock-memory-client", "mutex-map"}}
@@ -142,17 +143,18 @@ var names = map[string]string{
 	"mariadb|raw":     "raw two statements on MariaDB",
 	"mariadb|backend": "ashlock MariaDB Backend",
 
-	"pg|raw":               "raw two statements via pgx, durable (the limit)",
-	"pg|raw-async":         "raw two statements, release committed asynchronously",
-	"pg|backend":           "ashlock Backend, defaults (asynchronous release)",
-	"pg|backend-durable":   "ashlock Backend, DurableRelease",
-	"pg|backend-nonotify":  "ashlock Backend, DisableNotify",
-	"pg|backend-sqldb-pgx": "ashlock Backend, NewDB (pgx stdlib)",
-	"pg|backend-sqldb-pq":  "ashlock Backend, NewDB (lib/pq)",
-	"pg|client":            "ashlock Client + Guard, defaults",
-	"pg|pglock":            "cirello.io/pglock v1.16.1",
-	"pg|advisory":          "pg_try_advisory_lock + unlock (no durability, no fencing)",
-	"pg|floor":             "two `SELECT 1` (round-trip floor, writes nothing)",
+	"pg|raw":                      "raw two statements via pgx, durable (the limit)",
+	"pg|raw-async":                "raw two statements, release committed asynchronously",
+	"pg|backend":                  "ashlock Backend, defaults (asynchronous release)",
+	"pg|backend-durable":          "ashlock Backend, DurableRelease",
+	"pg|backend-nonotify":         "ashlock Backend, DisableNotify",
+	"pg|backend-sqldb-pgx":        "ashlock Backend, NewDB (pgx stdlib)",
+	"pg|backend-sqldb-pq":         "ashlock Backend, NewDB (lib/pq, statements prepared per connection)",
+	"pg|backend-sqldb-pq-unnamed": "ashlock Backend, NewDB (lib/pq, UnnamedStatements: as behind a pooler)",
+	"pg|client":                   "ashlock Client + Guard, defaults",
+	"pg|pglock":                   "cirello.io/pglock v1.16.1",
+	"pg|advisory":                 "pg_try_advisory_lock + unlock (no durability, no fencing)",
+	"pg|floor":                    "two `SELECT 1` (round-trip floor, writes nothing)",
 
 	"hotkey|backend":    "ashlock TryAcquire",
 	"hotkey|raw-upsert": "raw INSERT … ON CONFLICT DO UPDATE … WHERE",
@@ -265,7 +267,7 @@ func (r *Report) markdown() string {
 	if gs := r.concs("pg"); len(gs) > 0 {
 		w("\n## PostgreSQL: acquire + release pairs/s\n\nEach pair is a TryAcquire of a random key (of %s, all present and released) and its Release; 30 s TTL; one pgx pool (max %d connections) for ashlock, the raw statements and the advisory locks; pglock on its own `database/sql` pool.\n\n", num(float64(r.Keys)), slices.Max(gs))
 		w("| contender | %s |\n|---|%s\n", cols(gs, "", false), strings.Repeat("--:|", len(gs)))
-		order := []string{"raw", "raw-async", "backend", "backend-durable", "backend-nonotify", "backend-sqldb-pgx", "backend-sqldb-pq", "client", "pglock", "advisory", "floor"}
+		order := []string{"raw", "raw-async", "backend", "backend-durable", "backend-nonotify", "backend-sqldb-pgx", "backend-sqldb-pq", "backend-sqldb-pq-unnamed", "client", "pglock", "advisory", "floor"}
 		for _, c := range order {
 			w("| %s |", name("pg", c))
 			for _, g := range gs {
@@ -304,6 +306,9 @@ func (r *Report) markdown() string {
 			{"backend-sqldb-pgx", "backend", "≥ 0.9× at every concurrency (NewDB on pgx's stdlib driver against New)"},
 			{"backend-sqldb-pq", "backend", "≥ 0.9× at every concurrency (NewDB on lib/pq, binary_parameters=yes)"},
 			{"backend-sqldb-pgx", "pglock", "≥ 1.5× at every concurrency"}, {"backend-sqldb-pq", "pglock", "≥ 1.5× at every concurrency (both on lib/pq)"},
+			{"backend-sqldb-pq-unnamed", "backend", "NewDB on lib/pq behind a pooler (unnamed statements, parsed and planned on every call)"},
+			{"backend-sqldb-pq-unnamed", "pglock", ""},
+			{"backend-sqldb-pq", "backend-sqldb-pq-unnamed", "what preparing lib/pq's statements buys"},
 			{"backend", "advisory", ""}, {"client", "advisory", ""},
 		} {
 			w("| %s / %s |", shortName(p.a), shortName(p.b))
@@ -595,6 +600,8 @@ func shortName(c string) string {
 		return "ashlock Backend on *sql.DB (pgx stdlib)"
 	case "backend-sqldb-pq":
 		return "ashlock Backend on *sql.DB (lib/pq)"
+	case "backend-sqldb-pq-unnamed":
+		return "ashlock Backend on *sql.DB (lib/pq, unnamed)"
 	case "client":
 		return "ashlock Client"
 	case "pglock":

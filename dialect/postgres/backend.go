@@ -34,6 +34,12 @@ type Backend struct {
 	pgxDriver bool
 	libpq     bool // db's driver is lib/pq (the pooler check, sqldb.go)
 	listen    bool
+	// prepared keeps lib/pq's statements prepared per connection
+	// (prepared.go), nil when statements go unnamed (other drivers,
+	// Options.UnnamedStatements); they go prepared once the pooler check
+	// found a direct connection (namedOK).
+	prepared *stmtCache
+	namedOK  atomic.Bool
 
 	// full are the statements at the latest schema version, rendered by
 	// New: those that use no column of a later migration (renew, fence,

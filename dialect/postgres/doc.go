@@ -31,9 +31,11 @@
 // Watch listens on one connection of the *sql.DB (reached through
 // (*sql.Conn).Raw); under lib/pq, or another driver, Watch never fires and
 // waiters poll. [Backend.FencedSQLTx] and [Backend.Fence] fence a
-// *sql.Tx. What differs per driver (a cancelled statement, a lost reply,
-// PgBouncer's settings: lib/pq needs binary_parameters=yes in transaction
-// mode) is in docs/postgres-sqldb.md.
+// *sql.Tx. Under lib/pq the Backend prepares each statement once per
+// connection on a connection that reaches the server itself, and sends
+// them unnamed behind a pooler. What differs per driver (a cancelled
+// statement, a lost reply, PgBouncer's settings: lib/pq needs
+// binary_parameters=yes in transaction mode) is in docs/postgres-sqldb.md.
 //
 // # Schema versions
 //

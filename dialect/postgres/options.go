@@ -52,6 +52,18 @@ type Options struct {
 	// are the same either way; see TryAcquire and Release.
 	DisableGroupCommit bool
 
+	// UnnamedStatements (NewDB under lib/pq only) sends every statement
+	// as lib/pq's unnamed statement, which the server parses and plans on
+	// every call, instead of preparing each statement once per connection
+	// and then only binding and executing it. The Backend prepares only
+	// on connections that reach PostgreSQL itself (its first statement
+	// checks: the backend PID the server reports is the one the
+	// connection was given at its start), and never behind a pooler; set
+	// this where that check can be fooled, such as a pooler that hands
+	// out the server's own backend PID while it pools transactions. See
+	// docs/postgres-sqldb.md.
+	UnnamedStatements bool
+
 	// Logger receives the listener's connection problems, and the warning of
 	// a lock table at an older schema version (see Schema versions in the
 	// package doc). Nil discards.

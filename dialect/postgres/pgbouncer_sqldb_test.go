@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"database/sql"
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -136,4 +137,41 @@ func TestDBPgBouncerLibPQNeedsBinaryParameters(t *testing.T) {
 	var n int
 	require.NoError(t, adminPool(b).QueryRow(ctx, "SELECT count(*) FROM "+b.table).Scan(&n))
 	require.Zero(t, n, "a statement was applied")
+}
+
+// lib/pq through PgBouncer never prepares (its statement names, "1",
+// "2", ... per connection, could meet another client's behind
+// transaction pooling), in either pool mode, with or without
+// Options.UnnamedStatements: every statement goes unnamed and works.
+func TestDBPgBouncerLibPQUnnamed(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{pgtest.PoolTransaction, pgtest.PoolSession} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			bouncer := pgtest.NewPgBouncer(t, mode, nil)
+			for _, unnamed := range []bool{false, true} {
+				t.Run(fmt.Sprintf("unnamed=%v", unnamed), func(t *testing.T) {
+					t.Parallel()
+					var params map[string]string
+					opts := Options{UnnamedStatements: unnamed, DisableNotify: mode == pgtest.PoolTransaction}
+					if mode == pgtest.PoolTransaction {
+						params = transactionParams["pq"]
+					}
+					b := bouncerDBBackend(t, bouncer, "pq", params, opts)
+					ctx := testCtx(t)
+					for i := range 20 {
+						l := acquireOK(t, b, "k", "o", time.Minute)
+						require.EqualValues(t, i+1, l.Token)
+						_, err := b.TryRenew(ctx, l, time.Minute)
+						require.NoError(t, err)
+						require.NoError(t, b.Release(ctx, l))
+					}
+					require.False(t, b.named(), "statements prepared behind a pooler")
+					if b.prepared != nil {
+						require.Zero(t, b.prepared.size())
+					}
+				})
+			}
+		})
+	}
 }

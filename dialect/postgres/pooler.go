@@ -336,6 +336,9 @@ func (b *Backend) checkPoolerDBWith(ctx context.Context, c *sql.Conn, also strin
 	if b.poolerCheck.done.Load() {
 		return nil, b.poolerCheck.err
 	}
+	if !b.pgxDriver {
+		return nil, b.checkPoolerLibPQ(ctx, c)
+	}
 	if b.db.Stats().MaxOpenConnections == 1 {
 		// The probe needs a second connection, which would wait for c
 		// until the probe's timeout on each attempt: not checked (under
@@ -343,9 +346,6 @@ func (b *Backend) checkPoolerDBWith(ctx context.Context, c *sql.Conn, also strin
 		// ErrPoolerSettings, see translatePg).
 		b.poolerCheck.done.Store(true)
 		return nil, nil
-	}
-	if !b.pgxDriver {
-		return nil, b.checkPoolerLibPQ(ctx, c)
 	}
 	rawErr := c.Raw(func(dc any) error {
 		conn := dc.(*stdlib.Conn).Conn()
@@ -368,19 +368,24 @@ func (b *Backend) dbOther(ctx context.Context, f func(*pgx.Conn) error) error {
 	return c.Raw(func(dc any) error { return f(dc.(*stdlib.Conn).Conn()) })
 }
 
-// checkPoolerLibPQ is the pooler check of lib/pq, once per Backend. lib/pq
-// prepares no named statement and the Backend does not listen on it, but
-// without binary_parameters=yes it sends each statement with arguments in
-// two round trips (prepare the unnamed statement, then bind and execute
-// it): a pooler in transaction mode may hand them to different server
-// connections, and the bind then meets another client's unnamed
-// statement (measured through PgBouncer: "bind message supplies 5
-// parameters, but prepared statement \"\" requires 1", or "unnamed
-// prepared statement does not exist"), or, where the counts match, runs
-// it. Transaction pooling is recognised as checkPoolerWith does, by a server
-// connection changing hands (lib/pq reports no backend PID, so the probe
-// runs also on a direct connection: three round trips and a second
-// connection, once). Other drivers are not checked.
+// checkPoolerLibPQ is the pooler check of lib/pq, once per Backend.
+// First, whether c reaches the server itself: the backend PID the server
+// reports is the one lib/pq was given at the connection's start (one
+// round trip). Only then are statements prepared (b.namedOK, see
+// prepared.go): behind a pooler, lib/pq's statement names ("1", "2", ...
+// per connection) could meet another client's statement of that name.
+//
+// Behind a pooler, lib/pq without binary_parameters=yes sends each
+// statement with arguments in two round trips (prepare the unnamed
+// statement, then bind and execute it): a pooler in transaction mode may
+// hand them to different server connections, and the bind then meets
+// another client's unnamed statement (measured through PgBouncer: "bind
+// message supplies 5 parameters, but prepared statement \"\" requires
+// 1", or "unnamed prepared statement does not exist"), or, where the
+// counts match, runs it. Transaction pooling is recognised as
+// checkPoolerWith does, by a server connection changing hands (two round
+// trips more and a second connection, once), and refused with
+// ErrPoolerSettings. Other drivers are not checked.
 func (b *Backend) checkPoolerLibPQ(ctx context.Context, c *sql.Conn) error {
 	if !b.libpq {
 		b.poolerCheck.done.Store(true)
@@ -393,19 +398,38 @@ func (b *Backend) checkPoolerLibPQ(ctx context.Context, c *sql.Conn) error {
 	if b.poolerCheck.done.Load() {
 		return b.poolerCheck.err
 	}
-	if binaryParameters(c) {
+	binary := binaryParameters(c)
+	if binary && b.prepared == nil {
+		// Unnamed statements in one round trip: they work anywhere.
 		b.poolerCheck.done.Store(true)
 		return nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, poolerProbeTimeout)
 	defer cancel()
-	transaction, err := probeTransactionPooling(pctx, c, b.db)
-	if err != nil {
+	failed := func() error {
 		b.poolerCheck.failures++
 		if b.poolerCheck.failures >= poolerProbeAttempts {
-			b.poolerCheck.done.Store(true)
+			b.poolerCheck.done.Store(true) // and unnamed statements
 		}
 		return nil
+	}
+	direct, err := directLibPQ(pctx, c)
+	if err != nil {
+		return failed()
+	}
+	if direct || binary || b.db.Stats().MaxOpenConnections == 1 {
+		// Direct: prepared statements (unless unnamed ones were asked
+		// for). Behind a pooler, unnamed ones: with binary parameters
+		// they work in any pool mode; without, transaction pooling is not
+		// checked when the probe's second connection would wait for c
+		// until its timeout.
+		b.namedOK.Store(direct && b.prepared != nil)
+		b.poolerCheck.done.Store(true)
+		return nil
+	}
+	transaction, err := probeTransactionPooling(pctx, c, b.db)
+	if err != nil {
+		return failed()
 	}
 	if transaction {
 		b.poolerCheck.err = fmt.Errorf("%w: the *sql.DB's connections go through a pooler in transaction mode (PgBouncer?): "+
@@ -414,6 +438,36 @@ func (b *Backend) checkPoolerLibPQ(ctx context.Context, c *sql.Conn) error {
 	}
 	b.poolerCheck.done.Store(true)
 	return b.poolerCheck.err
+}
+
+// directLibPQ reports whether c, a lib/pq connection, reaches the server
+// itself: pg_backend_pid() is the PID of the BackendKeyData lib/pq read
+// at the connection's start (its unexported field pid, processID before
+// v1.11), which a pooler makes up. Not found: false.
+func directLibPQ(ctx context.Context, c *sql.Conn) (bool, error) {
+	var keyPID int64
+	found := false
+	_ = c.Raw(func(dc any) error {
+		v := reflect.ValueOf(dc)
+		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct {
+			return nil
+		}
+		for _, name := range []string{"pid", "processID"} {
+			if f := v.FieldByName(name); f.IsValid() && f.CanInt() {
+				keyPID, found = f.Int(), true
+				return nil
+			}
+		}
+		return nil
+	})
+	var pid int64
+	if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		return false, err
+	}
+	return found && keyPID != 0 && pid == keyPID, nil
 }
 
 // binaryParameters reports whether c, a lib/pq connection, sends its

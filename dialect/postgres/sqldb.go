@@ -33,11 +33,14 @@ import (
 // Under pgx's stdlib driver, Watch listens on one connection of db, kept
 // out of its pool until Close, and [OnNotice] in the pgx.ConnConfig db was
 // opened with lets the Backend see an operator's cancel of a synchronous
-// standby wait. Under lib/pq waiters poll, and the DSN needs
-// binary_parameters=yes for one round trip per statement (and behind a
-// pooler in transaction mode at all; the first statement checks); lib/pq's
-// unnamed statements are planned on every call, which costs throughput
-// (docs/postgres-sqldb.md).
+// standby wait. Under lib/pq waiters poll, and the Backend prepares each
+// statement once per connection, then only binds and executes it (one
+// round trip), where the first statement's check finds the connection
+// direct to the server; behind a pooler, or with
+// [Options.UnnamedStatements], lib/pq sends them unnamed, parsed and
+// planned on every call, and needs binary_parameters=yes in the DSN for
+// one round trip per statement (behind a pooler in transaction mode, to
+// work at all; the first statement checks). See docs/postgres-sqldb.md.
 //
 // A *sql.DB whose driver is SQLite's is refused at once with an error that
 // names sqlite.New.
@@ -55,6 +58,9 @@ func NewDB(db *sql.DB, opts Options) (*Backend, error) {
 	b.db = db
 	_, b.pgxDriver = db.Driver().(*stdlib.Driver)
 	b.libpq = driverPackage(db.Driver()) == "github.com/lib/pq"
+	if b.libpq && !opts.UnnamedStatements {
+		b.prepared = newStmtCache(db)
+	}
 	b.listen = b.notify && b.pgxDriver
 	return b, nil
 }
@@ -131,8 +137,7 @@ func (b *Backend) sendDB(ctx context.Context, pooler bool, run func(*sql.Conn) e
 			err = &unsettledError{ctxErr: ctx.Err()}
 		}
 		if unusable(err) {
-			// database/sql discards a connection whose Raw says it is bad.
-			_ = c.Raw(func(any) error { return driver.ErrBadConn })
+			b.discardDB(c)
 		}
 		return err
 	})
@@ -171,7 +176,7 @@ func (b *Backend) bounded(ctx context.Context, c *sql.Conn, run func(*sql.Conn) 
 	*abandoned = true
 	go func() {
 		<-done
-		_ = c.Raw(func(any) error { return driver.ErrBadConn })
+		b.discardDB(c)
 		c.Close()
 	}()
 	return fmt.Errorf("the driver had not answered when the context ended: %w", ctx.Err())
@@ -190,6 +195,9 @@ func pgConnOf(dc any) *pgconn.PgConn { return dc.(*stdlib.Conn).Conn().PgConn() 
 func (b *Backend) queryRowDB(ctx context.Context, o sendOpts, query string, args []any, dest []any) error {
 	args = b.driverArgs(args)
 	return b.sendDB(ctx, o.pooler, func(c *sql.Conn) error {
+		if b.named() {
+			return b.queryNamed(ctx, c, query, args, dest, nil)
+		}
 		return c.QueryRowContext(ctx, query, args...).Scan(dest...)
 	})
 }
@@ -198,6 +206,9 @@ func (b *Backend) queryRowDB(ctx context.Context, o sendOpts, query string, args
 func (b *Backend) queryRowsDB(ctx context.Context, o sendOpts, query string, args []any, dest []any, each func() error) error {
 	args = b.driverArgs(args)
 	return b.sendDB(ctx, o.pooler, func(c *sql.Conn) error {
+		if b.named() {
+			return b.queryNamed(ctx, c, query, args, dest, each)
+		}
 		return scanRows(ctx, c, query, args, dest, each)
 	})
 }
@@ -215,6 +226,9 @@ func (b *Backend) listRowsDB(ctx context.Context, query, prefix string, dest []a
 		}
 	}()
 	return b.driverError(b.bounded(ctx, c, func(c *sql.Conn) error {
+		if b.named() {
+			return b.queryNamed(ctx, c, query, []any{prefix}, dest, each)
+		}
 		return scanRows(ctx, c, query, []any{prefix}, dest, each)
 	}, &abandoned))
 }

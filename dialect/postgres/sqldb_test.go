@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,9 +141,22 @@ var flavours = func() []flavour {
 	return fs
 }()
 
+// withDSNParams is d with params (" key=value ...") added to lib/pq's DSN.
+func withDSNParams(d sqlDriver, params string) sqlDriver {
+	open := d.open
+	d.name += "-" + strings.Fields(params)[0]
+	d.open = func(cfg *pgconn.Config, host string, port uint16, schema string) (*sql.DB, error) {
+		return open(cfg, host, port, schema+params)
+	}
+	return d
+}
+
+// The conformance suite on both drivers, and on lib/pq also with
+// binary_parameters=yes, which binds the prepared statements' bytea
+// arguments in binary.
 func TestDBConformance(t *testing.T) {
 	t.Parallel()
-	for _, d := range sqlDrivers {
+	for _, d := range append(sqlDrivers, withDSNParams(sqlDrivers[1], " binary_parameters=yes")) {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			var mayskip []string
@@ -242,18 +256,25 @@ func TestDBNoValueIsNULL(t *testing.T) {
 	}
 }
 
-// One round trip per operation on a *sql.DB: under pgx's stdlib driver,
-// and under lib/pq with binary_parameters=yes; lib/pq's default sends
-// each statement with arguments in two (prepare, then bind and execute),
-// as docs/postgres-sqldb.md says.
+// One round trip per operation on a *sql.DB, once warm: under pgx's
+// stdlib driver, and under lib/pq, whose statements the Backend prepares
+// once per connection, with or without binary_parameters=yes. Unnamed
+// (Options.UnnamedStatements), lib/pq's default sends each statement with
+// arguments in two (prepare, then bind and execute), as
+// docs/postgres-sqldb.md says.
 func TestDBRoundTripsPerOperation(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name   string
-		d      sqlDriver
-		params string
-		trips  int64
-	}{{"pgx", sqlDrivers[0], "", 1}, {"pq", sqlDrivers[1], "", 2}, {"pq-binary", sqlDrivers[1], " binary_parameters=yes", 1}} {
+		name    string
+		d       sqlDriver
+		params  string
+		unnamed bool
+		trips   int64
+	}{
+		{"pgx", sqlDrivers[0], "", false, 1},
+		{"pq", sqlDrivers[1], "", false, 1}, {"pq-binary", sqlDrivers[1], " binary_parameters=yes", false, 1},
+		{"pq-unnamed", sqlDrivers[1], "", true, 2}, {"pq-unnamed-binary", sqlDrivers[1], " binary_parameters=yes", true, 1},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			bundle := newBundle(t, Options{})
@@ -269,11 +290,14 @@ func TestDBRoundTripsPerOperation(t *testing.T) {
 			}
 			db := openDB(t, bundle, d, p.addr())
 			db.SetMaxOpenConns(1) // every statement on the one warmed connection
-			b := newDBBackend(t, bundle, db, Options{DisableGroupCommit: true})
+			b := newDBBackend(t, bundle, db, Options{DisableGroupCommit: true, UnnamedStatements: tc.unnamed})
 			ctx := testCtx(t)
-			// Warm: the pooler check, the schema version, pgx's statement cache.
+			// Warm: the pooler check, the schema version, the statements
+			// prepared (pgx's statement cache, or the Backend's under lib/pq).
 			l := acquireOK(t, b, "warm", "o", time.Minute)
 			_, err = b.TryRenew(ctx, l, time.Minute)
+			require.NoError(t, err)
+			_, err = b.TryRenewBatch(ctx, []sqllock.RenewRequest{{Lease: l, TTL: time.Minute}})
 			require.NoError(t, err)
 			require.NoError(t, b.Release(ctx, l))
 			trips := func(op func() error) int64 {
@@ -286,7 +310,99 @@ func TestDBRoundTripsPerOperation(t *testing.T) {
 				return err
 			}), "acquire")
 			require.Equal(t, tc.trips, trips(func() error { _, err := b.TryRenew(ctx, l, time.Minute); return err }), "renew")
+			l2 := acquireOK(t, b, "k2", "o", time.Minute)
+			require.Equal(t, tc.trips, trips(func() error {
+				res, err := b.TryRenewBatch(ctx, []sqllock.RenewRequest{{Lease: l, TTL: time.Minute}, {Lease: l2, TTL: time.Minute}})
+				for _, r := range res {
+					require.NoError(t, r.Err)
+				}
+				return err
+			}), "batch renewal")
 			require.Equal(t, tc.trips, trips(func() error { return b.Release(ctx, l) }), "release")
 		})
 	}
+}
+
+// Under lib/pq the Backend prepares each statement once per connection
+// when the connection reaches the server itself, and sends it unnamed
+// with Options.UnnamedStatements. A statement the session lost (DEALLOCATE
+// ALL, DISCARD ALL: the server refuses its bind, before it runs) is
+// prepared again and sent once more.
+func TestDBLibPQPreparedStatements(t *testing.T) {
+	t.Parallel()
+	for _, unnamed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unnamed=%v", unnamed), func(t *testing.T) {
+			t.Parallel()
+			bundle := newBundle(t, Options{})
+			db := openDB(t, bundle, sqlDrivers[1], "")
+			db.SetMaxOpenConns(1) // the test's statements on the Backend's one connection
+			b := newDBBackend(t, bundle, db, Options{DisableGroupCommit: true, UnnamedStatements: unnamed})
+			ctx := testCtx(t)
+			prepared := func() int {
+				var n int
+				require.NoError(t, db.QueryRowContext(ctx, "SELECT count(*) FROM pg_prepared_statements").Scan(&n))
+				return n
+			}
+			l := acquireOK(t, b, "k", "o", time.Minute)
+			_, err := b.TryRenew(ctx, l, time.Minute)
+			require.NoError(t, err)
+			require.NoError(t, b.Release(ctx, l))
+			require.Equal(t, !unnamed, b.named())
+			if unnamed {
+				require.Zero(t, prepared(), "statements prepared though unnamed ones were asked for")
+				return
+			}
+			require.Equal(t, 3, prepared(), "acquire, renew and release, each prepared once")
+			require.Equal(t, 1, b.prepared.size())
+			for i := range 10 {
+				l := acquireOK(t, b, fmt.Sprintf("key%d", i), "o", time.Minute)
+				require.NoError(t, b.Release(ctx, l))
+			}
+			require.Equal(t, 3, prepared(), "statements are per statement, never per key")
+
+			for _, lose := range []string{"DEALLOCATE ALL", "DISCARD ALL"} {
+				_, err = db.ExecContext(ctx, lose)
+				require.NoError(t, err)
+				l = acquireOK(t, b, "k", "o", time.Minute)
+				_, err = b.TryRenew(ctx, l, time.Minute)
+				require.NoError(t, err, "after %s", lose)
+				require.NoError(t, b.Release(ctx, l), "after %s", lose)
+				require.Equal(t, 3, prepared(), "after %s: prepared again", lose)
+			}
+			var token int64
+			require.NoError(t, bundle.db.Pool.QueryRow(ctx, "SELECT token FROM "+b.table+" WHERE key = 'k'").Scan(&token))
+			require.EqualValues(t, 3, token, "one grant per acquire")
+		})
+	}
+}
+
+// The statement cache keeps the statements of a bounded number of
+// connections, the least recently used leaving first.
+func TestStmtCacheBounded(t *testing.T) {
+	t.Parallel()
+	s := &stmtCache{conns: map[any]*connStmts{}, limit: func() int { return 4 }}
+	conns := make([]*int, 10)
+	for i := range conns {
+		conns[i] = new(int)
+	}
+	for _, c := range conns[:4] {
+		s.of(c).stmts["q"] = nil
+	}
+	s.of(conns[0]) // used again: conns[1] is now the least recently used
+	s.of(conns[4])
+	_, kept := s.conns[conns[1]]
+	require.False(t, kept, "the least recently used connection stayed")
+	_, kept = s.conns[conns[0]]
+	require.True(t, kept, "a recently used connection left first")
+	for _, c := range conns[5:] {
+		s.of(c)
+		require.LessOrEqual(t, s.size(), 4)
+	}
+	_, kept = s.conns[conns[0]]
+	require.False(t, kept, "conns[0] outlived five newer connections")
+	s.of(conns[9])
+	_, kept = s.conns[conns[9]]
+	require.True(t, kept)
+	s.forget(conns[9])
+	require.Equal(t, 3, s.size())
 }
