@@ -1,8 +1,8 @@
 // Package mariadb is ashlock's MariaDB backend: leases and fencing tokens
 // in an InnoDB table of the application's MariaDB database (10.6 or later;
 // CI runs Debian's 10.11), on the application's *sql.DB with
-// github.com/go-sql-driver/mysql. It is a Go module of its own, so that
-// users of the other backends never download a MySQL driver.
+// github.com/go-sql-driver/mysql, which of the module's packages only this
+// one and the CLI link: programs on the other backends never build it.
 //
 // Create the table with package migrations (migrations.MariaDB) or `sqllock
 // migrate up`; [New] applies nothing.

@@ -6,8 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/dialect/mariadb/internal/mariatest"
 	"github.com/ashlock/ashlock/internal/testkit/mariaserver"
+	"github.com/ashlock/ashlock/internal/testkit/mariatest"
 	"github.com/ashlock/ashlock/migrations"
 )
 
