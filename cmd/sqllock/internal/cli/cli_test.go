@@ -365,14 +365,14 @@ func TestParseMariaDB(t *testing.T) {
 	require.Equal(t, migrations.MariaDB, d.dialect)
 	require.Equal(t, "mariadb://u:xxxxx@db/x", d.display)
 	require.Equal(t, []string{"u", "p@w:", "tcp", "db:3306", "x"}, []string{d.my.User, d.my.Passwd, d.my.Net, d.my.Addr, d.my.DBName})
-	require.Equal(t, map[string]string{"tx_isolation": "'READ-COMMITTED'"}, d.my.Params)
+	require.Equal(t, map[string]string{"tx_isolation": "'READ-COMMITTED'", "innodb_lock_wait_timeout": "5"}, d.my.Params)
 	require.Equal(t, defaultConnectTimeout, d.my.Timeout)
 	require.Equal(t, defaultConnectTimeout, d.connectTimeout())
 
 	d, err = e.database(dbFlags{url: "MySQL://u@[::1]:3307/x?transaction_isolation=SERIALIZABLE&timeout=2s&tls=skip-verify"})
 	require.NoError(t, err)
 	require.Equal(t, "[::1]:3307", d.my.Addr)
-	require.Equal(t, map[string]string{"transaction_isolation": "SERIALIZABLE"}, d.my.Params)
+	require.Equal(t, map[string]string{"transaction_isolation": "SERIALIZABLE", "innodb_lock_wait_timeout": "5"}, d.my.Params)
 	require.Equal(t, 2*time.Second, d.my.Timeout)
 	require.Equal(t, "skip-verify", d.my.TLSConfig)
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,7 +34,8 @@ const mariaDBForm = "mariadb://USER@HOST[:PORT]/DATABASE[?PARAM=VALUE&...] (or m
 // driver's DSN parameters (timeout, tls, ...) and session variables, plus
 // socket=PATH for a Unix socket instead of host:port. The sessions get
 // READ COMMITTED unless the query sets tx_isolation or
-// transaction_isolation, and the connect timeout is --connect-timeout,
+// transaction_isolation, the backend's default lock wait unless it sets
+// innodb_lock_wait_timeout, and the connect timeout is --connect-timeout,
 // else the query's timeout, else 5s. As with PostgreSQL, no parser's error
 // about the raw URL is ever shown: they quote the text, which may hold the
 // password.
@@ -94,6 +96,11 @@ func parseMariaDB(raw string) (*database, error) {
 	}
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
+	}
+	// The backend's lock wait for every session, so that its statements
+	// need no SET STATEMENT prefix (dialect/mariadb's Options.LockWait).
+	if _, ok := cfg.Params["innodb_lock_wait_timeout"]; !ok {
+		cfg.Params["innodb_lock_wait_timeout"] = strconv.Itoa(int(mariadb.DefaultLockWait / time.Second))
 	}
 	if _, ok := cfg.Params["transaction_isolation"]; !ok {
 		if _, ok := cfg.Params["tx_isolation"]; !ok {
