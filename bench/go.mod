@@ -8,12 +8,11 @@ require (
 	cirello.io/pglock v1.16.1
 	github.com/ashlock/ashlock v0.1.0
 	github.com/ashlock/ashlock/dialect/etcd v0.0.0-00010101000000-000000000000
-	github.com/ashlock/ashlock/dialect/mariadb v0.0.0-00010101000000-000000000000
 	github.com/bsm/redislock v0.9.4
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/lib/pq v1.10.9
+	github.com/lib/pq v1.12.3
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.uber.org/zap v1.27.1
@@ -64,5 +63,3 @@ require (
 )
 
 replace github.com/ashlock/ashlock/dialect/etcd => ../dialect/etcd
-
-replace github.com/ashlock/ashlock/dialect/mariadb => ../dialect/mariadb

@@ -52,8 +52,8 @@ type Dialect string
 const (
 	Postgres Dialect = "postgres"
 	SQLite   Dialect = "sqlite"
-	// MariaDB is MariaDB 10.6 or later (its driver is the dialect/mariadb
-	// module's: this package registers none). MySQL is not supported.
+	// MariaDB is MariaDB 10.6 or later (this package registers no driver:
+	// dialect/mariadb uses go-sql-driver/mysql). MySQL is not supported.
 	MariaDB Dialect = "mariadb"
 )
 

@@ -77,10 +77,11 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var (
-		version string
-		flush   int
+		version     string
+		flush       int
+		sessionWait int64
 	)
-	if err := db.QueryRowContext(ctx, `SELECT VERSION(), @@GLOBAL.innodb_flush_log_at_trx_commit`).Scan(&version, &flush); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT VERSION(), @@GLOBAL.innodb_flush_log_at_trx_commit, @@SESSION.innodb_lock_wait_timeout`).Scan(&version, &flush, &sessionWait); err != nil {
 		return nil, fmt.Errorf("sqllock/mariadb: New: %w", classify(ctx, outcome.List, "", err))
 	}
 	if err := checkVersion(version); err != nil {
@@ -91,13 +92,14 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	}
 	b := &Backend{db: db, table: o.Table, stmts: make(map[string]*sql.Stmt)}
 	t, wait := sqlident.QuoteMariaDB(o.Table), o.lockWaitSeconds()
-	b.acquireSQL = render(acquireSQL, t, nowSQL, wait)
-	b.renewSQL = render(renewSQL, t, nowSQL, wait)
-	b.renewBatchSQL = render(renewBatchSQL, t, nowSQL, wait)
-	b.releaseSQL = render(releaseSQL, t, nowSQL, wait)
-	b.releaseHeldSQL = render(releaseHeldSQL, t, nowSQL, wait)
-	b.listSQL = render(listSQL, t, nowSQL, wait)
-	b.listFromSQL = render(listFromSQL, t, nowSQL, wait)
+	prefix := lockWaitPrefix(wait, sessionWait)
+	b.acquireSQL = render(acquireSQL, t, nowSQL, prefix)
+	b.renewSQL = render(renewSQL, t, nowSQL, prefix)
+	b.renewBatchSQL = render(renewBatchSQL, t, nowSQL, prefix)
+	b.releaseSQL = render(releaseSQL, t, nowSQL, prefix)
+	b.releaseHeldSQL = render(releaseHeldSQL, t, nowSQL, prefix)
+	b.listSQL = render(listSQL, t, nowSQL, prefix)
+	b.listFromSQL = render(listFromSQL, t, nowSQL, prefix)
 	b.fenceSQL = renderBare(fenceSQL, t, nowSQL)
 	return b, nil
 }

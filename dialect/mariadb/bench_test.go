@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ashlock/ashlock/dialect/mariadb/internal/mariatest"
+	"github.com/ashlock/ashlock/internal/testkit/mariatest"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )

@@ -1,8 +1,8 @@
 // Package mariadb is ashlock's MariaDB backend: leases and fencing tokens
 // in an InnoDB table of the application's MariaDB database (10.6 or later;
 // CI runs Debian's 10.11), on the application's *sql.DB with
-// github.com/go-sql-driver/mysql. It is a Go module of its own, so that
-// users of the other backends never download a MySQL driver.
+// github.com/go-sql-driver/mysql, which of the module's packages only this
+// one and the CLI link: programs on the other backends never build it.
 //
 // Create the table with package migrations (migrations.MariaDB) or `sqllock
 // migrate up`; [New] applies nothing.
@@ -47,8 +47,11 @@
 // one autocommit statement on the primary key, so REPEATABLE READ does not
 // make it wrong, but its next-key and gap locks make lock waits and
 // deadlocks between neighbouring keys likelier (not measured). A
-// statement's wait for a row lock is [Options.LockWait] (SET STATEMENT
-// innodb_lock_wait_timeout). A statement InnoDB rolls back as a deadlock's
+// statement's wait for a row lock is [Options.LockWait]: SET STATEMENT
+// innodb_lock_wait_timeout before each statement, unless [New] finds the
+// session's innodb_lock_wait_timeout equal to it already (put
+// innodb_lock_wait_timeout=5 in the DSN, for the default), which saves
+// the server work at every statement. A statement InnoDB rolls back as a deadlock's
 // victim (1213) applied nothing and is repeated. A grant is durable when
 // the server commits durably: innodb_flush_log_at_trx_commit=1 (the
 // default); with 0 or 2 a crash of the server's machine (not only of

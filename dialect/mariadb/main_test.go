@@ -9,9 +9,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/dialect/mariadb/internal/mariatest"
 	"github.com/ashlock/ashlock/internal/sqlident"
 	"github.com/ashlock/ashlock/internal/testkit/leakcheck"
+	"github.com/ashlock/ashlock/internal/testkit/mariatest"
 	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
 )

@@ -27,7 +27,13 @@ type Options struct {
 	// [Backend.Fence]) before it fails with an error matching
 	// [sqllock.ErrUnavailable], applying nothing: InnoDB's
 	// innodb_lock_wait_timeout for each statement, in whole seconds
-	// (rounded up), from 1s to 1h. Zero means [DefaultLockWait].
+	// (rounded up), from 1s to 1h. Zero means [DefaultLockWait]. Each
+	// statement sets it (SET STATEMENT ... FOR), unless [New] finds the
+	// session's innodb_lock_wait_timeout equal to it: then none does,
+	// which is cheaper for the server. Put it in the DSN
+	// (innodb_lock_wait_timeout=5 for the default; the driver sets it on
+	// every connection) to have that; a connection the application gives
+	// another value with SET SESSION then waits by that value.
 	LockWait time.Duration
 
 	// AllowNonDurable lets [New] accept a server whose

@@ -1,14 +1,18 @@
 package mariadb
 
 import (
+	"context"
+	"database/sql"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/dialect/mariadb/internal/mariatest"
 	"github.com/ashlock/ashlock/internal/testkit/mariaserver"
+	"github.com/ashlock/ashlock/internal/testkit/mariatest"
 	"github.com/ashlock/ashlock/migrations"
+	"github.com/ashlock/ashlock/sqllock"
 )
 
 // A server that does not flush its log at every commit can lose reported
@@ -57,4 +61,52 @@ func TestOptionsRefusedBeforeIO(t *testing.T) {
 	o, err := Options{LockWait: 1500 * time.Millisecond}.resolve()
 	require.NoError(t, err)
 	require.Equal(t, "2", o.lockWaitSeconds())
+}
+
+// TestLockWaitBoundsAStatement: a statement waits for a row lock at most
+// Options.LockWait, whether each statement sets it (the session's
+// innodb_lock_wait_timeout is the server's 50 s) or the session has it
+// already (the DSN sets it, and no statement does): behind a transaction
+// that holds the key's row, an acquire fails as unavailable after about
+// 1 s, applying nothing.
+func TestLockWaitBoundsAStatement(t *testing.T) {
+	for _, tc := range []struct {
+		name, dsn string
+		prefixed  bool
+	}{
+		{name: "EachStatement", prefixed: true},
+		{name: "Session", dsn: "&innodb_lock_wait_timeout=1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := mariatest.Server(t)
+			name := mariatest.Database(t, s)
+			db, err := sql.Open("mysql", mariatest.DSN(s.Addr, name)+tc.dsn)
+			require.NoError(t, err)
+			t.Cleanup(func() { db.Close() })
+			migrated(t, db, Options{})
+			b, err := New(db, Options{LockWait: time.Second})
+			require.NoError(t, err)
+			t.Cleanup(func() { b.Close() })
+			require.Equal(t, tc.prefixed, strings.HasPrefix(b.acquireSQL, "SET STATEMENT"), "%s", b.acquireSQL)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			l, err := b.TryAcquire(ctx, acq("k"))
+			require.NoError(t, err)
+
+			other := mariatest.Open(t, s.Addr, name)
+			tx, err := other.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			defer tx.Rollback()
+			_, err = tx.ExecContext(ctx, "SELECT token FROM "+quotedTable(b)+" WHERE `key` = 'k' FOR UPDATE")
+			require.NoError(t, err)
+			start := time.Now()
+			_, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o2"})
+			require.ErrorIs(t, err, sqllock.ErrUnavailable)
+			require.Less(t, time.Since(start), 5*time.Second)
+			require.NoError(t, tx.Rollback())
+			_, err = b.TryRenew(ctx, l, time.Minute)
+			require.NoError(t, err, "the refused acquire applied nothing")
+		})
+	}
 }

@@ -12,9 +12,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/dialect/mariadb/internal/mariatest"
 	"github.com/ashlock/ashlock/internal/testkit/faultproxy"
 	"github.com/ashlock/ashlock/internal/testkit/mariaserver"
+	"github.com/ashlock/ashlock/internal/testkit/mariatest"
 	"github.com/ashlock/ashlock/sqllock"
 )
 

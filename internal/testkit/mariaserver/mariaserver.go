@@ -1,8 +1,8 @@
 // Package mariaserver starts throwaway MariaDB servers from the machine's
 // own binaries (mariadb-install-db, mariadbd) in a temp dir on a free
 // loopback port, with small buffers so that one starts in a few seconds.
-// It needs no database driver (the root module stays free of one): the
-// tests' harness with the driver is dialect/mariadb/internal/mariatest.
+// It needs no database driver: the tests' harness with the driver is
+// internal/testkit/mariatest.
 //
 // Run as root, the server runs as root too (mariadbd --user=root): the
 // data directory is the test's own, in a temp dir, and no other user needs

@@ -132,11 +132,13 @@ created on first use:
   postgres://... or postgresql://...   PostgreSQL (libpq PG* variables fill
                                        in what the URL leaves out)
   host=... dbname=... user=...         PostgreSQL, keyword/value form
+  mariadb://user:pw@host/db            MariaDB 10.6+ (or mysql://; the query
+                                       holds the driver's DSN parameters)
   sqlite:PATH                          SQLite (created and migrated on use)
   a path with a "/" or ending in .db,  SQLite too; never a string with "=":
   .sqlite or .sqlite3                  write sqlite:PATH for any other name
 Anything else (a bare word such as "locks") is refused with exit 78.
---connect-timeout (default 5s) bounds connecting to PostgreSQL.
+--connect-timeout (default 5s) bounds connecting to PostgreSQL or MariaDB.
 
 Exit statuses (all commands):
   0    success (run: the command's own status)
@@ -512,7 +514,7 @@ func (f *dbFlags) register(fs *flag.FlagSet) {
 		// but not shown: nothing else waits for a release.
 		fs.Var(hiddenBool{&f.noNotify}, "no-notify", "")
 	}
-	durationVar(fs, &f.connectTimeout, "connect-timeout", 0, "PostgreSQL: how long connecting may take"+bounds+" (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 5s)")
+	durationVar(fs, &f.connectTimeout, "connect-timeout", 0, "PostgreSQL, MariaDB: how long connecting may take"+bounds+" (default: the URL's connect_timeout, else $PGCONNECT_TIMEOUT, else 5s; MariaDB: the URL's timeout, else 5s)")
 }
 
 // flagger is a command's own flags.

@@ -113,7 +113,13 @@ func TestResolveDatabase(t *testing.T) {
 		{url: "/var/lib/locks.db", dialect: migrations.SQLite, path: "/var/lib/locks.db"},
 		{url: "./locks.db", dialect: migrations.SQLite, path: "./locks.db"},
 		{url: "sqlite:", code: ExitConfig},
-		{url: "mysql://u:p@db/x", code: ExitConfig},
+		{url: "mongodb://u:p@db/x", code: ExitConfig},
+		{url: "mysql://u:p@db/x", dialect: migrations.MariaDB},
+		{url: "MariaDB://u@db:3307/x?tls=true", dialect: migrations.MariaDB},
+		{url: "mariadb://u:p@db/", code: ExitConfig},
+		{url: "mariadb://db/x", code: ExitConfig},
+		{url: "mariadb://u@db:notaport/x", code: ExitConfig},
+		{url: "mariadb://u@db/x?tls=maybe", code: ExitConfig},
 		{url: "file:x.db", code: ExitConfig},
 		{url: "postgres://u@db:notaport/x", code: ExitConfig},
 		{url: "host=db user=app dbname=app", dialect: migrations.Postgres},
@@ -365,5 +371,44 @@ func TestSupervisedLeaseMargin(t *testing.T) {
 		got := g.Lease().Deadline.Sub(g.LocalDeadline())
 		require.GreaterOrEqual(t, got, want-time.Millisecond, "TTL %v: the local deadline is only %v before the backend's", ttl, got)
 		require.NoError(t, c.Close(context.Background()))
+	}
+}
+
+// TestParseMariaDB checks what a MariaDB URL becomes: the driver's
+// configuration, with READ COMMITTED and the connect timeout unless the
+// URL or --connect-timeout says otherwise.
+func TestParseMariaDB(t *testing.T) {
+	t.Parallel()
+	e := &env{getenv: func(string) string { return "" }}
+	d, err := e.database(dbFlags{url: "mariadb://u:p%40w%3A@db/x"})
+	require.NoError(t, err)
+	require.Equal(t, migrations.MariaDB, d.dialect)
+	require.Equal(t, "mariadb://u:xxxxx@db/x", d.display)
+	require.Equal(t, []string{"u", "p@w:", "tcp", "db:3306", "x"}, []string{d.my.User, d.my.Passwd, d.my.Net, d.my.Addr, d.my.DBName})
+	require.Equal(t, map[string]string{"tx_isolation": "'READ-COMMITTED'", "innodb_lock_wait_timeout": "5"}, d.my.Params)
+	require.Equal(t, defaultConnectTimeout, d.my.Timeout)
+	require.Equal(t, defaultConnectTimeout, d.connectTimeout())
+
+	d, err = e.database(dbFlags{url: "MySQL://u@[::1]:3307/x?transaction_isolation=SERIALIZABLE&timeout=2s&tls=skip-verify"})
+	require.NoError(t, err)
+	require.Equal(t, "[::1]:3307", d.my.Addr)
+	require.Equal(t, map[string]string{"transaction_isolation": "SERIALIZABLE", "innodb_lock_wait_timeout": "5"}, d.my.Params)
+	require.Equal(t, 2*time.Second, d.my.Timeout)
+	require.Equal(t, "skip-verify", d.my.TLSConfig)
+
+	d, err = e.database(dbFlags{url: "mariadb://u@/x?socket=/run/mysqld/mysqld.sock&timeout=2s", connectTimeout: 700 * time.Millisecond})
+	require.NoError(t, err)
+	require.Equal(t, []string{"unix", "/run/mysqld/mysqld.sock"}, []string{d.my.Net, d.my.Addr})
+	require.Equal(t, 700*time.Millisecond, d.my.Timeout, "--connect-timeout wins")
+
+	for _, bad := range []string{
+		"mariadb://u@db/x?socket=/s.sock", // a host and a socket
+		"mariadb://u@db/x/y",
+		"mariadb://u@db/x?user=v",
+		"mariadb://u:p/w@db/x",
+	} {
+		_, err := e.database(dbFlags{url: bad})
+		require.Error(t, err, bad)
+		require.Equal(t, ExitConfig, exitCode(err), "%s: %v", bad, err)
 	}
 }

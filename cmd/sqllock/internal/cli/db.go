@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ashlock/ashlock/dialect/sqlite"
@@ -32,6 +33,7 @@ type database struct {
 	display string // for messages; never contains the password
 	path    string // SQLite file
 	pg      *pgxpool.Config
+	my      *mysql.Config // MariaDB
 	// defaultPath is set when the SQLite file is the embedded default, whose
 	// directory is created (0700) on first use.
 	defaultPath bool
@@ -47,10 +49,27 @@ func (e *env) database(f dbFlags) (*database, error) {
 	if err != nil {
 		return nil, err
 	}
-	if d.pg != nil && f.connectTimeout > 0 {
-		d.pg.ConnConfig.ConnectTimeout = f.connectTimeout
+	if f.connectTimeout > 0 {
+		switch {
+		case d.pg != nil:
+			d.pg.ConnConfig.ConnectTimeout = f.connectTimeout
+		case d.my != nil:
+			d.my.Timeout = f.connectTimeout
+		}
 	}
 	return d, nil
+}
+
+// connectTimeout bounds connecting to a server, and each statement of the
+// commands that send a few; 0 for SQLite, which bounds its own waits.
+func (d *database) connectTimeout() time.Duration {
+	switch {
+	case d.pg != nil:
+		return d.pg.ConnConfig.ConnectTimeout
+	case d.my != nil:
+		return d.my.Timeout
+	}
+	return 0
 }
 
 // resolveDatabase picks the database by precedence: the flag, then
@@ -60,6 +79,7 @@ func (e *env) database(f dbFlags) (*database, error) {
 // The forms accepted, and nothing else:
 //
 //	postgres://... or postgresql://...   PostgreSQL URL
+//	mariadb://... or mysql://...         MariaDB URL (parseMariaDB)
 //	host=... dbname=... user=...         PostgreSQL keyword/value string
 //	sqlite:PATH                          SQLite file
 //	a path with a "/" or ending in .db, .sqlite, .sqlite3 or .db3,
@@ -86,6 +106,8 @@ func (e *env) resolveDatabase(flagURL string) (*database, error) {
 	case scheme == "postgres" || scheme == "postgresql":
 		raw = scheme + raw[len(scheme):] // pgx wants the scheme in lower case
 		return parsePostgres(raw, "URL")
+	case scheme == "mariadb" || scheme == "mysql":
+		return parseMariaDB(scheme + raw[len(scheme):])
 	case scheme == "sqlite":
 		rest = strings.TrimPrefix(rest, "//") // sqlite:///abs/path and sqlite://rel/path
 		if rest == "" {
@@ -93,7 +115,7 @@ func (e *env) resolveDatabase(flagURL string) (*database, error) {
 		}
 		return &database{dialect: migrations.SQLite, path: rest, display: "sqlite:" + rest}, nil
 	case hasScheme:
-		return nil, fail(ExitConfig, "unsupported database URL scheme %q in %s: want postgres://, postgresql://, host=... (keyword/value), sqlite:PATH or a file path", scheme, maskConnString(raw))
+		return nil, fail(ExitConfig, "unsupported database URL scheme %q in %s: want postgres://, postgresql://, host=... (keyword/value), mariadb://, mysql://, sqlite:PATH or a file path", scheme, maskConnString(raw))
 	case strings.Contains(raw, "="):
 		if !hasConnKeyword(raw) {
 			return nil, fail(ExitConfig, "database %q is ambiguous: it has \"=\" but names no PostgreSQL connection keyword (host, port, dbname, user, service); write sqlite:%s for a SQLite file of that name", maskConnString(raw), maskConnString(raw))

@@ -14,8 +14,8 @@
 // bench works in its own table (sqllock_bench) unless --table names
 // another, so its rows never join the real locks.
 //
-// Every command takes --database-url, --connect-timeout (PostgreSQL,
-// default 5s: connecting, run's single attempt without --wait, and each
+// Every command takes --database-url, --connect-timeout (PostgreSQL and
+// MariaDB, default 5s: connecting, run's single attempt without --wait, and each
 // statement of list and release; run --wait bounds everything before the
 // command starts) and --no-notify (PostgreSQL: waiters poll instead of
 // listening, as behind PgBouncer in transaction mode). Without
@@ -26,7 +26,11 @@
 // Windows), created on first use with its directory (0700). postgres:// and
 // postgresql:// URLs select PostgreSQL (libpq PG* variables fill in what the
 // URL leaves out, as pgxpool.ParseConfig does), and so does a keyword/value
-// string (host=... dbname=...); sqlite:PATH, or a path with a "/" or a
+// string (host=... dbname=...); mariadb:// and mysql:// URLs
+// (mariadb://user:password@host:port/database?params, the query holding
+// the driver's DSN parameters, or socket=PATH) select MariaDB, whose
+// sessions get READ COMMITTED unless the query sets the isolation;
+// sqlite:PATH, or a path with a "/" or a
 // .db/.sqlite/.sqlite3 extension and no "=", selects SQLite; anything else
 // (another scheme, a bare word) is a configuration error, never guessed. A
 // password is never printed, in errors neither: the password field of a URL

@@ -29,8 +29,14 @@ func TestNoPasswordFragmentPrinted(t *testing.T) {
 			"postgres://admin:"+pw+"@/x?connect_timeout=2", // missing host
 			"postgres://admin:"+pw+"@127.0.0.1:1",          // no database
 			"postgres://admin:"+pw+"@127.0.0.1:1/x?application_name=a@b",
-			"admin:"+pw+"@127.0.0.1:1/x",         // no scheme
-			"mysql://admin:"+pw+"@127.0.0.1:1/x", // another scheme
+			"admin:"+pw+"@127.0.0.1:1/x",           // no scheme
+			"mongodb://admin:"+pw+"@127.0.0.1:1/x", // another scheme
+			"mariadb://admin:"+pw+"@127.0.0.1:1/x",
+			"mysql://admin:"+pw+"@127.0.0.1:1/x?timeout=2s",
+			"mariadb://admin:"+pw+"@127.0.0.1:1",                 // no database
+			"mariadb://admin:"+pw+"@127.0.0.1:1/x?timeout=never", // a bad parameter
+			"mariadb://admin@127.0.0.1:1/x?password="+pw,
+			"mariadb://admin:"+pw+"@127.0.0.1:1/x?socket=/nonexistent/s.sock",
 			"host=127.0.0.1 port=1 user=admin password="+pw+" dbname=x connect_timeout=2",
 			"host=127.0.0.1 port=1 user=admin password='"+pw+"' dbname=x connect_timeout=2",
 			"host=127.0.0.1 port=1 user=admin dbname=x password="+pw,

@@ -23,7 +23,7 @@ Manages the lock table (default sqllock_locks, see --table and --schema).
 The applied versions are recorded in the library's own table
 (<table>_version), never in your application's goose_db_version.
 
-  up      create or upgrade the lock table (PostgreSQL needs this once;
+  up      create or upgrade the lock table (PostgreSQL and MariaDB need this once;
           a SQLite file is migrated on first use anyway)
   status  list the migrations and whether each is applied
   sql     print the SQL, for teams that apply schema with their own tool
@@ -37,6 +37,7 @@ The applied versions are recorded in the library's own table
 
 Examples:
   sqllock migrate up --database-url postgres://app@db/app
+  sqllock migrate up --database-url mariadb://app:secret@db/app
   sqllock migrate sql --dialect postgres --schema locks > locks.sql
 `
 
@@ -49,7 +50,7 @@ type migrateFlags struct {
 
 func (f *migrateFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.force, "force", false, "allow down, which drops the token history")
-	fs.StringVar(&f.dialect, "dialect", "", "for sql: postgres or sqlite (default: from the database URL)")
+	fs.StringVar(&f.dialect, "dialect", "", "for sql: postgres, sqlite or mariadb (default: from the database URL)")
 	f.db.register(fs)
 }
 
@@ -127,8 +128,8 @@ func (e *env) migrateSQL(db dbFlags, dialect string, opts migrations.Options, re
 		}
 		d = res.dialect
 	}
-	if d != migrations.Postgres && d != migrations.SQLite {
-		return fail(ExitUsage, "--dialect %q: want postgres or sqlite", dialect)
+	if d != migrations.Postgres && d != migrations.SQLite && d != migrations.MariaDB {
+		return fail(ExitUsage, "--dialect %q: want postgres, sqlite or mariadb", dialect)
 	}
 	out, err := migrations.SQL(d, opts, migrations.Direction(direction))
 	if err != nil {

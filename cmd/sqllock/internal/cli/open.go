@@ -115,6 +115,8 @@ func (e *env) openBackend(ctx context.Context, d *database, f dbFlags, maxConns 
 			return nil, e.openError(d, err)
 		}
 		return &backend{Backend: b, close: func() { _ = b.Close() }}, nil
+	case migrations.MariaDB:
+		return e.openMariaDB(ctx, d, f, maxConns)
 	default:
 		pool, err := e.connectPG(ctx, d, maxConns)
 		if err != nil {
@@ -160,15 +162,27 @@ func (e *env) openReadOnly(ctx context.Context, d *database, f dbFlags, maxConns
 // database as well as for the lock. A server that refuses the credentials
 // or does not have the database fails at once, as a configuration error.
 func (e *env) connectPG(ctx context.Context, d *database, maxConns int) (*pgxpool.Pool, error) {
+	var pool *pgxpool.Pool
+	err := e.connecting(ctx, func() (err error) {
+		pool, err = e.connectPGOnce(ctx, d, maxConns)
+		return err
+	})
+	return pool, err
+}
+
+// connecting runs once, a connection attempt, until it succeeds or fails
+// otherwise than ExitUnavailable, or, unless run --wait asked for it,
+// once.
+func (e *env) connecting(ctx context.Context, once func() error) error {
 	_, hasDeadline := ctx.Deadline()
 	retry := e.waitProgress && hasDeadline
 	start := time.Now()
 	var printed time.Time
 	for attempt := 1; ; attempt++ {
-		pool, err := e.connectPGOnce(ctx, d, maxConns)
+		err := once()
 		var xe *exitError
 		if err == nil || !retry || !errors.As(err, &xe) || xe.code != ExitUnavailable {
-			return pool, err
+			return err
 		}
 		pause := sqllock.DefaultBackoff(attempt) * 20 // about 0.1s, doubling, up to 5s
 		dl, _ := ctx.Deadline()
@@ -180,11 +194,11 @@ func (e *env) connectPG(ctx context.Context, d *database, maxConns int) (*pgxpoo
 		// The wait ends (or will before the next attempt): sleep to its end.
 		_ = wait.Sleep(ctx, min(pause, max(time.Until(dl), 0)))
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, ctx.Err() // interrupted
+			return ctx.Err() // interrupted
 		}
 		if over {
 			// What it found, and for how long it tried.
-			return nil, fail(ExitUnavailable, "%v; gave up after trying for %v (%d attempts, --wait)", xe.err, time.Since(start).Round(100*time.Millisecond), attempt)
+			return fail(ExitUnavailable, "%v; gave up after trying for %v (%d attempts, --wait)", xe.err, time.Since(start).Round(100*time.Millisecond), attempt)
 		}
 	}
 }
@@ -275,10 +289,10 @@ func connectErrorText(err error) string {
 // release) by the connect timeout: a server that stopped answering fails
 // the command instead of hanging it. SQLite bounds its own waits.
 func (d *database) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if d.pg == nil {
+	if d.connectTimeout() == 0 {
 		return context.WithCancel(ctx)
 	}
-	return context.WithTimeout(ctx, d.pg.ConnConfig.ConnectTimeout)
+	return context.WithTimeout(ctx, d.connectTimeout())
 }
 
 // openSQL opens a database/sql handle for the migrations.
@@ -300,6 +314,15 @@ func (e *env) openSQL(ctx context.Context, d *database, schema string) (*sql.DB,
 			return nil, nil, e.openError(d, err)
 		}
 		db.SetMaxOpenConns(1)
+		return db, func() { _ = db.Close() }, nil
+	case migrations.MariaDB:
+		if schema != "" {
+			return nil, nil, fail(ExitUsage, "--schema is for PostgreSQL; on MariaDB the URL's database holds the lock table")
+		}
+		db, err := e.connectMariaDB(ctx, d, 2, true)
+		if err != nil {
+			return nil, nil, err
+		}
 		return db, func() { _ = db.Close() }, nil
 	default:
 		pool, err := e.connectPG(ctx, d, 2)

@@ -166,8 +166,8 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	defer s.close()
 	if f.wait > 0 {
 		f.waitLeft = max(time.Until(start.Add(f.wait)), time.Millisecond)
-	} else if s.db.pg != nil {
-		f.attemptTimeout = s.db.pg.ConnConfig.ConnectTimeout
+	} else if t := s.db.connectTimeout(); t > 0 {
+		f.attemptTimeout = t
 	}
 	g, err := e.acquire(ctx, s.client, f, sigs)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/ashlock/ashlock/internal/testkit/faultproxy"
 	"github.com/ashlock/ashlock/internal/testkit/leakcheck"
+	"github.com/ashlock/ashlock/internal/testkit/mariatest"
 	"github.com/ashlock/ashlock/internal/testkit/pgtest"
 	"github.com/ashlock/ashlock/migrations"
 )
@@ -45,7 +46,9 @@ func TestMain(m *testing.M) {
 type leakCheckedMain struct{ m *testing.M }
 
 func (l leakCheckedMain) Run() int {
-	return leakcheck.Check(pgtest.Main(l.m))
+	code := pgtest.Main(l.m)
+	mariatest.Stop(code != 0)
+	return leakcheck.Check(code)
 }
 
 // sqllockMain is cmd/sqllock's main.
@@ -135,6 +138,51 @@ func TestScriptPostgres(t *testing.T) {
 	}))
 }
 
+// TestScriptMariaDB runs the scripts that make sense on every server
+// (mariaDBScripts) against a fresh database of a real MariaDB, with the
+// lock table migrated. Without a server they skip, except that they fail
+// when SQLLOCK_REQUIRE_MARIADB=1 (mariatest).
+func TestScriptMariaDB(t *testing.T) {
+	t.Parallel()
+	p := scriptParams("mariadb", func(e *testscript.Env) error {
+		tb := e.T().(testing.TB)
+		s := mariatest.Server(tb)
+		name := mariatest.Database(tb, s)
+		db := mariatest.Open(tb, s.Addr, name)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := migrations.Up(ctx, migrations.MariaDB, db, migrations.Options{}); err != nil {
+			return err
+		}
+		e.Setenv(EnvDatabaseURL, "mariadb://root@"+s.Addr+"/"+name)
+		e.Setenv("MARIADB_ADDR", s.Addr)
+		e.Setenv("MARIADB_DATABASE", name)
+		return nil
+	})
+	p.Dir = ""
+	for _, name := range mariaDBScripts {
+		p.Files = append(p.Files, filepath.Join(scriptDir, name+".txtar"))
+	}
+	testscript.Run(t, p)
+}
+
+// mariaDBScripts are the scripts TestScriptMariaDB runs: MariaDB's own
+// (migrate, run, list, release, passwords), and those of the other
+// commands, and of losses, whose outcome depends on the backend. The rest
+// test the CLI's own logic, which the SQLite and PostgreSQL runs cover.
+var mariaDBScripts = []string{
+	"mariadb",
+	"run_basic",
+	"run_contention",
+	"run_lease_lost",
+	"list_release",
+	"elect",
+	"elect_loss",
+	"bench",
+	"exit_codes",
+	"conflict_exit_code",
+}
+
 func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.Params {
 	return testscript.Params{
 		Dir:                 scriptDir,
@@ -147,7 +195,7 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 		},
 		Condition: func(cond string) (bool, error) {
 			switch cond {
-			case "sqlite", "postgres":
+			case "sqlite", "postgres", "mariadb":
 				return cond == dialect, nil
 			}
 			return false, fmt.Errorf("unknown condition %q", cond)
@@ -163,6 +211,7 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 			"kvdsn":      cmdKVDSN,
 			"pgbouncer":  cmdPgBouncer,
 			"refusingpg": cmdRefusingPG,
+			"mariauser":  cmdMariaUser,
 		},
 	}
 }

@@ -34,16 +34,23 @@ var shared struct {
 // its directory, with the log, when tests failed).
 func Main(m *testing.M) int {
 	code := m.Run()
+	Stop(code != 0)
+	return code
+}
+
+// Stop stops the shared server, if one was started, keeping its directory
+// (with the log) when failed: for a TestMain that runs its tests by other
+// means than [Main].
+func Stop(failed bool) {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.server != nil {
-		if code != 0 {
+		if failed {
 			fmt.Fprintf(os.Stderr, "mariatest: kept %s\n", shared.server.Dir)
 		}
-		shared.server.Close(code != 0)
+		shared.server.Close(failed)
 		shared.server = nil
 	}
-	return code
 }
 
 // Unavailable skips t, or fails it when SQLLOCK_REQUIRE_MARIADB=1.
