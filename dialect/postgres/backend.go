@@ -42,6 +42,7 @@ type Backend struct {
 	// (queries.go); schemaSem lets one caller at a time read the version.
 	full      *statements
 	stmts     atomic.Pointer[statements]
+	permit    permitStatements // the semaphore's (permit.go), at the latest version
 	schemaSem chan struct{}
 
 	// acquireQ and releaseQ coalesce concurrent TryAcquire and Release
@@ -117,6 +118,7 @@ func newBackend(opts Options) (*Backend, error) {
 		listenIdle: listenIdle,
 		listenPing: listenPing,
 	}
+	b.permit = renderPermit(table, !opts.DisableNotify)
 	limit := groupCommitInFlight
 	if opts.DisableGroupCommit {
 		limit = 0

@@ -32,7 +32,7 @@ func testPermits(t *testing.T, h Harness) {
 		{"DisagreeingLimitRefused", testPermitLimit},
 		{"BadInputRefusedWithoutTrace", testPermitBadInput},
 		{"RaceNeverExceedsLimit", testPermitRace},
-		{"WatchSignalsAnyPermit", testPermitWatch},
+		{"WatchSignalsRelease", testPermitWatch},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
