@@ -13,13 +13,14 @@ same snapshot (docs/semaphores.md).
 WITH lim AS (
     SELECT token FROM {{.Table}} WHERE key = $1 || '#permits'
 ), keys AS (
-    SELECT $1 || '#permit-' || i AS key, i FROM generate_series(1, $5::int) AS i
+    SELECT ARRAY(SELECT $1 || '#permit-' || i FROM generate_series(1, $5::int) AS i) AS a
 ), pick AS (
-    SELECT c.key FROM {{.Table}} AS c JOIN keys AS k ON c.key = k.key
-    WHERE EXISTS (SELECT FROM lim WHERE lim.token = $5)
+    SELECT c.key FROM {{.Table}} AS c
+    WHERE c.key = ANY ((SELECT a FROM keys)::text[])
+      AND EXISTS (SELECT FROM lim WHERE lim.token = $5)
       AND ((c.held AND c.deadline > statement_timestamp() AND c.owner = $3)
            OR ((NOT c.held OR c.deadline <= statement_timestamp()) AND c.token < 9223372036854775807))
-    ORDER BY c.held AND c.deadline > statement_timestamp() AND c.owner = $3 DESC, k.i
+    ORDER BY c.held AND c.deadline > statement_timestamp() AND c.owner = $3 DESC, length(c.key), c.key
     LIMIT 1
     FOR NO KEY UPDATE OF c SKIP LOCKED
 ), upd AS (
@@ -44,10 +45,10 @@ WITH lim AS (
     RETURNING l.token
 ), ins AS (
     INSERT INTO {{.Table}} AS l (key, token, held, deadline, owner, value)
-    SELECT k.key, 1, k.i = 1,
+    SELECT $1 || '#permit-' || k.i, 1, k.i = 1,
            statement_timestamp() + CASE WHEN k.i = 1 THEN $2::bigint ELSE 0 END * interval '1 microsecond',
            CASE WHEN k.i = 1 THEN $3 ELSE '' END, CASE WHEN k.i = 1 THEN $4::bytea END
-    FROM keys AS k
+    FROM generate_series(1, $5::int) AS k(i)
     WHERE EXISTS (SELECT FROM made)
     ON CONFLICT (key) DO NOTHING
     RETURNING l.key, l.token, l.held, l.deadline, {{template "durable"}} AS durable
@@ -56,8 +57,8 @@ WITH lim AS (
     UPDATE {{.Table}} AS l
     SET waited = true
     WHERE l.key IN (
-        SELECT w.key FROM {{.Table}} AS w JOIN keys AS k ON w.key = k.key
-        WHERE NOT EXISTS (SELECT FROM pick) AND EXISTS (SELECT FROM lim WHERE lim.token = $5)
+        SELECT w.key FROM {{.Table}} AS w
+        WHERE w.key = ANY ((SELECT a FROM keys)::text[]) AND NOT EXISTS (SELECT FROM pick) AND EXISTS (SELECT FROM lim WHERE lim.token = $5)
           AND w.held AND w.deadline > statement_timestamp() AND w.owner <> $3 AND NOT w.waited
         FOR NO KEY UPDATE OF w SKIP LOCKED)
     RETURNING set_config('synchronous_commit', 'off', true) AS async
@@ -68,15 +69,20 @@ SELECT coalesce(u.key, i.key, '') AS key,
        coalesce(u.deadline, i.deadline, statement_timestamp()) AS deadline,
        statement_timestamp() AS now,
        coalesce((SELECT token FROM lim), (SELECT token FROM made), 0) AS permits,
-       (SELECT count(*) FROM {{.Table}} AS f JOIN keys AS k ON f.key = k.key
-        WHERE (NOT f.held OR f.deadline <= statement_timestamp()) AND f.token < 9223372036854775807) AS free,
-       (SELECT count(*) FROM {{.Table}} AS f JOIN keys AS k ON f.key = k.key
-        WHERE (NOT f.held OR f.deadline <= statement_timestamp()) AND f.token = 9223372036854775807) AS exhausted,
-       coalesce((SELECT json_agg(json_build_object(
-                    'key', h.key, 'owner', h.owner, 'token', h.token, 'value', encode(h.value, 'base64'),
-                    'us', floor(extract(epoch FROM h.deadline - statement_timestamp()) * 1000000)::bigint))
-                 FROM {{.Table}} AS h JOIN keys AS k ON h.key = k.key
-                 WHERE h.held AND h.deadline > statement_timestamp()), '[]')::text AS holders
+       -- What a refusal reports, read only for one (CASE evaluates its
+       -- subqueries on demand): a grant reads no other permit.
+       CASE WHEN u.key IS NULL AND i.key IS NULL THEN
+           (SELECT count(*) FROM {{.Table}} AS f WHERE f.key = ANY ((SELECT a FROM keys)::text[])
+            AND (NOT f.held OR f.deadline <= statement_timestamp()) AND f.token < 9223372036854775807) ELSE 0 END AS free,
+       CASE WHEN u.key IS NULL AND i.key IS NULL THEN
+           (SELECT count(*) FROM {{.Table}} AS f WHERE f.key = ANY ((SELECT a FROM keys)::text[])
+            AND (NOT f.held OR f.deadline <= statement_timestamp()) AND f.token = 9223372036854775807) ELSE 0 END AS exhausted,
+       CASE WHEN u.key IS NULL AND i.key IS NULL THEN
+           coalesce((SELECT json_agg(json_build_object(
+                        'key', h.key, 'owner', h.owner, 'token', h.token, 'value', encode(h.value, 'base64'),
+                        'us', floor(extract(epoch FROM h.deadline - statement_timestamp()) * 1000000)::bigint))
+                     FROM {{.Table}} AS h WHERE h.key = ANY ((SELECT a FROM keys)::text[])
+                       AND h.held AND h.deadline > statement_timestamp()), '[]') ELSE '[]' END::text AS holders
 FROM (SELECT) AS one
 LEFT JOIN upd AS u ON true
 LEFT JOIN (SELECT * FROM ins WHERE held) AS i ON true
