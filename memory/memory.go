@@ -211,7 +211,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 			e.deadline = e.holdUntil
 		} else {
 			e.holdUntil = time.Time{} // a forced release ends the hold
-			b.signals.Signal(l.Key)
+			b.signal(l.Key)
 		}
 		e.owner = l.Owner
 	}
@@ -258,7 +258,7 @@ func (b *Backend) Expire(key string) {
 	defer b.mu.Unlock()
 	if e := b.keys[key]; e != nil {
 		e.deadline = b.now()
-		b.signals.Signal(key)
+		b.signal(key)
 	}
 }
 

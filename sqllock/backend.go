@@ -170,6 +170,10 @@ type AcquireRequest struct {
 	// before any I/O, with an error matching [ErrMinHoldUnsupported]:
 	// never ignores it.
 	MinHold time.Duration
+
+	// permits, when not zero, makes the Client send the request as a
+	// permit acquire of semaphore Key with that limit ([Client.AcquirePermit]).
+	permits int
 }
 
 // Lease is one granted lease: plain data, safe to copy.

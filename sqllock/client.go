@@ -283,7 +283,7 @@ func (c *Client) waitEnded(ctx, wctx context.Context, req AcquireRequest, last e
 // indeterminate one) and reports it.
 func (c *Client) attempt(ctx context.Context, req AcquireRequest, settle bool) (Lease, time.Time, error) {
 	sent := time.Now()
-	l, err := c.b.TryAcquire(ctx, req)
+	l, err := c.send(ctx, req)
 	c.obs.acquireAttempt(ctx, req, settle, sent, l, err)
 	return l, sent, err
 }

@@ -73,6 +73,14 @@
 //
 // Then a stale holder's write is refused, whatever the timing.
 //
+// # Semaphores
+//
+// [Client.AcquirePermit] takes one of the N permits of a semaphore key
+// (on a backend that implements [PermitAcquirer]): at most N holders at
+// once. A permit is an ordinary lease of its own key ([PermitKey]), so
+// its token orders the tenures of that permit only: fence per permit,
+// keeping the highest token seen for each permit's key.
+//
 // # Guarantees
 //
 // Under these assumptions — A1: the database is linearizable for our

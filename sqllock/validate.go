@@ -72,10 +72,15 @@ func ValidateTTL(ttl time.Duration) error {
 	return nil
 }
 
-// Validate checks every field of the request; backends call it first.
+// Validate checks every field of the request; backends call it first. A
+// key of the shape of a semaphore's permit or limit ([PermitKey],
+// [LimitKey]) is refused: only [PermitAcquirer] grants those.
 func (r AcquireRequest) Validate() error {
 	if err := ValidateKey(r.Key); err != nil {
 		return err
+	}
+	if reservedKey(r.Key) {
+		return fmt.Errorf("%w: %q has the shape of a semaphore's permit or limit key", ErrInvalidKey, r.Key)
 	}
 	if err := ValidateTTL(r.TTL); err != nil {
 		return err

@@ -48,6 +48,7 @@ type Backend struct {
 	// (queries.go); schemaSem lets one caller at a time read the version.
 	full      *statements
 	stmts     atomic.Pointer[statements]
+	permit    permitStatements // the semaphore's (permit.go), at the latest version
 	schemaSem chan struct{}
 
 	// acquireQ and releaseQ coalesce concurrent TryAcquire and Release
@@ -123,6 +124,7 @@ func newBackend(opts Options) (*Backend, error) {
 		listenIdle: listenIdle,
 		listenPing: listenPing,
 	}
+	b.permit = renderPermit(table, !opts.DisableNotify)
 	limit := groupCommitInFlight
 	if opts.DisableGroupCommit {
 		limit = 0

@@ -55,10 +55,14 @@ const watchRule = "WatchSignalsRelease"
 
 // pollOnly is a Backend as a Client sees it with DisableNotify: without
 // the Watcher (embedding the interface promotes its four methods only),
-// with batch renewal.
+// with batch renewal and permits.
 type pollOnly struct {
 	sqllock.Backend
 	pg *Backend
+}
+
+func (p pollOnly) TryAcquirePermit(ctx context.Context, req sqllock.PermitRequest) (sqllock.Lease, error) {
+	return p.pg.TryAcquirePermit(ctx, req)
 }
 
 func (p pollOnly) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {

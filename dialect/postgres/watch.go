@@ -185,7 +185,7 @@ func (l *listener) listenOn(conn *pgx.Conn) (listened bool, err error) {
 			return true, err
 		}
 		if n.Channel == channel {
-			l.signals.Signal(n.Payload)
+			l.signal(n.Payload)
 		}
 	}
 }

@@ -32,6 +32,7 @@ type Backend struct {
 	// The statements, rendered once by renderQueries (queries.go).
 	acquireSQL, renewSQL, releaseSQL, peekSQL, listSQL, listFromSQL string
 	renewBatchSQL, nowSQL                                           string
+	permit                                                          permitQueries
 
 	retryTimeout time.Duration
 	writeSlot    chan struct{} // one write statement at a time per Backend
@@ -366,7 +367,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		return errRetry
 	})
 	if cleared {
-		b.signals.Signal(l.Key)
+		b.signal(l.Key)
 	}
 	if err != nil {
 		return b.translate(err, true)

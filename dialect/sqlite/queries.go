@@ -48,6 +48,7 @@ func (b *Backend) renderQueries(now string) {
 	b.peekSQL = fill(queryTemplates, "peek", h)
 	b.listSQL = fill(queryTemplates, "list", h)
 	b.listFromSQL = fill(queryTemplates, "list_from", h)
+	b.permit = renderPermitQueries(h)
 }
 
 // fill renders the statement in the file name.sql of t for h.

@@ -57,6 +57,7 @@ func Run(t *testing.T, h Harness) {
 		{"BatchEmpty", testBatchEmpty},
 		{"BatchBadElementBeforeIO", testBatchBadElement},
 		{"BatchMany", testBatchMany},
+		{"Permits", testPermits},
 	}
 	for _, tt := range tests {
 		if h.NoMinHold && strings.HasPrefix(tt.name, "MinHold") {

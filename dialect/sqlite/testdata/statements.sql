@@ -46,3 +46,36 @@ FROM "sqllock_locks" WHERE key >= ?1 AND key < ?2 ORDER BY key
 SELECT key, token, owner, (held OR coalesce(hold_until > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), 0)) AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), deadline, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), value
 FROM "sqllock_locks" WHERE key >= ?1 ORDER BY key
 
+-- permit_acquire
+WITH RECURSIVE p(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM p WHERE i < ?5)
+UPDATE "sqllock_locks" SET
+	token      = CASE WHEN held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = ?3 THEN token ELSE token + 1 END,
+	value      = CASE WHEN held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = ?3 THEN value ELSE ?4 END,
+	held       = 1,
+	deadline   = CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + ?2,
+	owner      = ?3,
+	hold_until = NULL
+WHERE key = (
+	SELECT c.key FROM p JOIN "sqllock_locks" AS c ON c.key = ?1 || '#permit-' || p.i
+	WHERE (c.held AND c.deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND c.owner = ?3)
+	   OR ((NOT c.held OR c.deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER)) AND c.token < 9223372036854775807)
+	ORDER BY c.held AND c.deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND c.owner = ?3 DESC, p.i
+	LIMIT 1)
+  AND EXISTS (SELECT 1 FROM "sqllock_locks" WHERE key = ?1 || '#permits' AND token = ?5)
+RETURNING key, token, deadline, value, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER)
+
+-- permit_peek
+WITH RECURSIVE p(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM p WHERE i < ?2)
+SELECT key, token, held, deadline, owner, value, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) FROM "sqllock_locks"
+WHERE key = ?1 || '#permits' OR key IN (SELECT ?1 || '#permit-' || i FROM p)
+
+-- permit_create
+WITH RECURSIVE p(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM p WHERE i < ?2)
+INSERT INTO "sqllock_locks" (key, token, held, deadline, owner)
+SELECT ?1 || '#permits', ?2, 0, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), ''
+WHERE NOT EXISTS (SELECT 1 FROM "sqllock_locks" WHERE key = ?1 || '#permits')
+UNION ALL
+SELECT ?1 || '#permit-' || i, 1, 0, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), '' FROM p
+WHERE NOT EXISTS (SELECT 1 FROM "sqllock_locks" WHERE key = ?1 || '#permits')
+ON CONFLICT DO NOTHING
+

@@ -377,7 +377,7 @@ func (b *Backend) apply(ctx context.Context, op history.Op, id int, fn applyFunc
 			if out == history.OK && op.Kind != history.Release {
 				a.DBNow, a.Deadline = l.BackendTime.UnixNano(), l.Deadline.UnixNano()
 				if op.Kind == history.Acquire {
-					a.Token = l.Token
+					a.Token, a.Key = l.Token, l.Key // a permit's grant: its own key
 				}
 			}
 			db.rec.Apply(a)
@@ -423,7 +423,7 @@ func (b *Backend) call(ctx context.Context, op history.Op, fn applyFunc) (sqlloc
 			if err == nil && op.Kind != history.Release {
 				o.DBNow, o.Deadline = l.BackendTime.UnixNano(), l.Deadline.UnixNano()
 				if op.Kind == history.Acquire {
-					o.Token = l.Token
+					o.Token, o.Key = l.Token, l.Key // a permit's grant: its own key
 				}
 			}
 		})

@@ -109,6 +109,7 @@ func Check(h *History) *Report {
 	CheckGuard(h, r)
 	CheckFence(h, r)
 	CheckLostUpdate(h, r)
+	CheckPermits(h, r)
 	if !h.Params.NoLiveness {
 		CheckLive(h, r)
 	}

@@ -216,6 +216,8 @@ type Params struct {
 	ClockStepsBeyondMargin bool `json:"clock_steps_beyond_margin"`
 	// NoLiveness skips C-LIVE (real-time runs where it is checked apart).
 	NoLiveness bool `json:"no_liveness"`
+	// Permits is each semaphore's limit (C-PERMITS), by its key.
+	Permits map[string]int `json:"permits,omitempty"`
 }
 
 // History is everything recorded in one run.

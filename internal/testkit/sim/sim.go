@@ -100,6 +100,10 @@ type Config struct {
 	// Mutant, if not empty, breaks the memory backend the way it names
 	// (see BackendMutants), to show that the checkers catch it.
 	Mutant string
+	// Permits, when not zero, makes every key a semaphore with that many
+	// permits: sessions take a permit (Client.AcquirePermit) and fence
+	// their writes by the permit's key and token (see permit.go).
+	Permits int
 }
 
 // Result is one run's record.
@@ -226,6 +230,9 @@ func Run(cfg Config) *Result {
 		w.prob[faultbackend.Busy] = 0.1
 	}
 	params := history.Params{Poll: Poll + 2*spread, TokenStep1: true, ClockStepsBeyondMargin: cfg.Scenario == ClockStep}
+	if cfg.Permits > 0 {
+		params = permitParams(params, cfg, nKeys)
+	}
 	w.rec = history.NewRecorder(fmt.Sprintf("sim-%d", cfg.Scenario), cfg.Seed, params)
 	w.clock = faultbackend.NewClock(time.Now)
 	w.mem = memory.NewWithClock(w.clock.Now)
@@ -351,7 +358,7 @@ func (w *world) loop(cl *client) {
 func (w *world) session(cl *client, p plan) {
 	rec := w.rec
 	start := rec.Now()
-	g, err := cl.c.Acquire(cl.ctx, p.key, &sqllock.AcquireOptions{TTL: cl.ttl, Wait: p.wait})
+	g, err := w.acquire(cl, p)
 	wt := history.Wait{Client: cl.id, Key: p.key, Start: start, End: rec.Now()}
 	if err != nil {
 		wt.Err = err.Error()
@@ -361,8 +368,9 @@ func (w *world) session(cl *client, p plan) {
 	wt.Token = g.Token()
 	rec.Wait(wt)
 	tok := g.Token()
+	key := g.Key() // p.key, or the permit's key
 	gid := rec.GuardStart(history.Guard{
-		Client: cl.id, Key: p.key, Owner: g.Lease().Owner, Token: tok,
+		Client: cl.id, Key: key, Owner: g.Lease().Owner, Token: tok,
 		TTL: cl.ttl, Margin: cl.margin, Interval: cl.interval, Start: rec.Now(),
 	})
 	w.wg.Add(1)
@@ -383,7 +391,7 @@ func (w *world) session(cl *client, p plan) {
 		if g.Err() != nil {
 			break
 		}
-		v, ok := w.res.Read(p.key, tok, acc(false))
+		v, ok := w.res.Read(key, tok, acc(false))
 		if !ok {
 			break
 		}
@@ -391,12 +399,12 @@ func (w *world) session(cl *client, p plan) {
 			// The whole process stops: the watchdog cannot reach the
 			// backend, and the holder writes without looking at its guard
 			// afterwards (a zombie).
-			rec.Event(history.Event{Kind: history.EvPause, Client: cl.id, Key: p.key, Token: tok, At: rec.Now(), D: p.pause})
+			rec.Event(history.Event{Kind: history.EvPause, Client: cl.id, Key: key, Token: tok, At: rec.Now(), D: p.pause})
 			w.count(Pause)
 			cl.fb.Pause(true)
 			time.Sleep(p.pause)
 			cl.fb.Pause(false)
-			w.res.Write(p.key, tok, v+1, acc(true))
+			w.res.Write(key, tok, v+1, acc(true))
 			now := rec.Now()
 			rec.GuardUpdate(gid, func(hg *history.Guard) { hg.Zombie, hg.BeliefEnd = true, now })
 			break
@@ -406,13 +414,13 @@ func (w *world) session(cl *client, p plan) {
 		if g.Err() != nil {
 			break
 		}
-		w.res.Write(p.key, tok, v+1, acc(false))
+		w.res.Write(key, tok, v+1, acc(false))
 		time.Sleep(p.gaps[i])
 	}
 	tick()
 	if p.crash {
 		cl.fb.Kill()
-		rec.Event(history.Event{Kind: history.EvCrash, Client: cl.id, Key: p.key, Token: tok, TTL: cl.ttl, At: rec.Now()})
+		rec.Event(history.Event{Kind: history.EvCrash, Client: cl.id, Key: key, Token: tok, TTL: cl.ttl, At: rec.Now()})
 		w.count(Crash)
 		w.mu.Lock()
 		w.graveyard = append(w.graveyard, grave{cl.cancel, g})
@@ -500,7 +508,7 @@ func (w *world) drive() {
 			d := w.jitter(-w.maxOff-off, 2*w.maxOff)
 			w.db.StepClock(d)
 		case w.active[Expire] && u < 0.06:
-			w.db.Expire(w.keys[w.rng.IntN(len(w.keys))])
+			w.db.Expire(w.expiring(w.keys[w.rng.IntN(len(w.keys))]))
 			w.count(Expire)
 		default:
 			i := w.rng.IntN(len(w.clients))

@@ -24,12 +24,16 @@ and expired ones included: key, whether it is held, the owner of the latest
 lease, the latest fencing token, the time left on the lease by the
 database clock, and the value the latest holder published with its lease
 (an election leader's address, say; "-" for none; shown quoted and cut to
-48 characters in the table).
+48 characters in the table). A semaphore (run --permits) shows as its key,
+HELD "held/permits", OWNER "semaphore" and the time left to the soonest
+end of a permit, beside its permits' rows (KEY#permit-I, each a lease).
 
 --json prints an array of objects with the fields
   key, held, owner, token, deadline (RFC 3339, database clock), remaining_ms,
   value (the value as text when it is valid UTF-8, else null) and
-  value_base64 (its bytes; both absent when there is none)
+  value_base64 (its bytes; both absent when there is none); a semaphore's
+  rows also semaphore (its key), and its limit's row permits and
+  permits_held
 
 --watch lists again every second until interrupted (Ctrl-C, exit 0): to
 watch a deploy lock while waiting for it. On a terminal the screen is
@@ -52,6 +56,11 @@ type lockJSON struct {
 	RemainingMS int64     `json:"remaining_ms"`
 	Value       *string   `json:"value,omitempty"`
 	ValueBase64 []byte    `json:"value_base64,omitempty"` // encoding/json writes []byte as base64
+	// Semaphore names the semaphore of a permit's or a limit's row;
+	// Permits and PermitsHeld are set on the limit's (permits.go).
+	Semaphore   string `json:"semaphore,omitempty"`
+	Permits     int    `json:"permits,omitempty"`
+	PermitsHeld *int   `json:"permits_held,omitempty"`
 }
 
 // valueText is how the table shows a value: "-" for none, else quoted
@@ -163,12 +172,14 @@ func (e *env) listOnce(ctx context.Context, s *session, db dbFlags, prefix strin
 	if err != nil {
 		return err
 	}
+	sems := semaphores(infos)
 	if asJSON {
 		out := make([]lockJSON, 0, len(infos))
 		for _, in := range infos {
 			j := lockJSON{Key: in.Key, Held: in.Held, Owner: in.Owner, Token: in.Token,
 				Deadline: in.Deadline.UTC(), RemainingMS: in.Remaining.Milliseconds()}
 			j.Value, j.ValueBase64 = jsonValue(in.Value)
+			semaphoreJSON(&j, in, sems)
 			out = append(out, j)
 		}
 		enc := json.NewEncoder(e.stdout)
@@ -183,6 +194,10 @@ func (e *env) listOnce(ctx context.Context, s *session, db dbFlags, prefix strin
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tHELD\tOWNER\tTOKEN\tTIME LEFT\tVALUE")
 	for _, in := range infos {
+		if line, ok := semaphoreLine(in, sems); ok {
+			fmt.Fprint(tw, line)
+			continue
+		}
 		held, left := "no", "-"
 		if in.Held {
 			held, left = "yes", in.Remaining.Round(time.Millisecond).String()

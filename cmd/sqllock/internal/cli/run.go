@@ -16,12 +16,16 @@ import (
 )
 
 const runUsage = `
-Usage: sqllock run --key KEY [--ttl 30s] [--wait 0] [--grace 10s] [--max-hold D] [flags] -- COMMAND [ARGS...]
+Usage: sqllock run --key KEY [--permits N] [--ttl 30s] [--wait 0] [--grace 10s] [--max-hold D] [flags] -- COMMAND [ARGS...]
 
 Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
 
   1. Acquires KEY: one attempt with --wait 0 (the default), else waiting up
-     to --wait for the current holder to finish.
+     to --wait for the current holder to finish. With --permits N, KEY is
+     a semaphore of N permits and run takes any free one: at most N
+     COMMANDs run at once. A permit is a lease of its own, under the key
+     KEY#permit-I with its own tokens; SQLLOCK_KEY names it. N is stored
+     with KEY by its first run: another N is refused (exit 78).
   2. Starts COMMAND with stdin, stdout and stderr passed through and these
      variables added to its environment:
        SQLLOCK_KEY    the key
@@ -89,6 +93,7 @@ Examples:
   sqllock run --key hourly --min-hold 1m -- ./hourly.sh   # every host's crontab: runs once an hour
   sqllock run --key nightly --max-hold 2h -- ./nightly.sh  # a nightly job that hangs is stopped at 2h
   sqllock run --key demo -- sh -c 'echo "token $SQLLOCK_TOKEN"'
+  sqllock run --key reports --permits 4 --wait 10m -- ./report.sh   # at most 4 at once
   sqllock run --key nightly --log-format json -- ./nightly.sh 2>>/var/log/nightly.jsonl
 `
 
@@ -121,6 +126,9 @@ type runFlags struct {
 	// conflictCode is the exit status for "not acquired"
 	// (--conflict-exit-code).
 	conflictCode int
+	// permits, when not zero, makes KEY a semaphore of that many permits
+	// (--permits): run takes one of them (permits.go).
+	permits int
 }
 
 func cmdRun(ctx context.Context, e *env, args []string) error {
@@ -134,8 +142,9 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	durationVar(fs, &f.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL when COMMAND is stopped")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", ExitTempFail, "exit status when the lock is not acquired (0 to 255), to tell it from a COMMAND that exits 75 itself")
 	fs.BoolVar(&e.quiet, "quiet", false, "with --wait, do not print who holds the key while waiting")
+	fs.IntVar(&f.permits, "permits", 0, "make KEY a semaphore of `N` permits and take one: at most N commands run at once (0: a lock)")
 	err := e.parseCommandLine(fs, args, &f, "key", &f.key, func(k string) string { return k },
-		func() error { return checkCommandTTL(f.ttl, "lease") }, f.checkDurations,
+		func() error { return checkCommandTTL(f.ttl, "lease") }, f.checkDurations, f.checkPermits,
 		func() error { return checkConflictCode(f.conflictCode) })
 	if err != nil {
 		return err
@@ -173,7 +182,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return s.db.opError(err, f.db)
 	}
-	return e.supervise(guardTenure(g, f.key), f, sigs)
+	return e.supervise(guardTenure(g, g.Key()), f, sigs) // g.Key(): KEY, or the permit's key
 }
 
 // checkDurations checks run's durations: none negative, and a --max-hold
@@ -289,12 +298,10 @@ func (e *env) acquire(ctx context.Context, client *sqllock.Client, f runFlags, s
 		// caps here, so COMMAND gets SIGTERM at --max-hold.
 		opts.MaxHold = f.maxHold + termLead(f)
 	}
-	if f.wait == 0 {
-		g, err = client.TryAcquire(lockCtx, f.key, opts)
-	} else {
+	if f.wait > 0 {
 		opts.Wait = f.waitLeft
-		g, err = client.Acquire(lockCtx, f.key, opts)
 	}
+	g, err = f.take(lockCtx, client, opts)
 	stopWatch()
 	if f.attemptTimeout > 0 && lockCtx.Err() == nil && !time.Now().Before(attemptEnd) {
 		// The backend's own bounds (its first round trip's) may end
@@ -386,6 +393,9 @@ func interruptedAcquire(cause error, key string) error {
 // acquireError is run's error for an acquire that failed: not acquired
 // (--conflict-exit-code) with who holds the key, or what went wrong.
 func acquireError(err error, f runFlags) error {
+	if perr := permitsError(err, f); perr != nil {
+		return perr
+	}
 	var he *sqllock.HeldError
 	if errors.As(err, &he) {
 		msg := fmt.Sprintf("not acquired: %q is held", f.key)

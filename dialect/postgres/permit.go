@@ -1,0 +1,119 @@
+package postgres
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/ashlock/ashlock/internal/outcome"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+var _ sqllock.PermitAcquirer = (*Backend)(nil)
+
+// permitStatements are the semaphore's statements: permit_acquire's plain
+// form and its waiting form (sent while the semaphore is watched).
+type permitStatements struct {
+	acquire, acquireWait string
+}
+
+func renderPermit(table string, notify bool) permitStatements {
+	s := schema{Table: table, Version: latest}
+	plain := fill("permit_acquire", s)
+	s.Notify = notify
+	return permitStatements{acquire: plain, acquireWait: fill("permit_acquire", s)}
+}
+
+// TryAcquirePermit implements [sqllock.PermitAcquirer] in one statement
+// (queries/permit_acquire.sql), on the pgx pool or the *sql.DB alike. A
+// refusal reports the holders and the soonest end from the same round
+// trip; when the only free permits were locked by other transactions (or
+// changed while the statement ran), or two first grants of a new
+// semaphore raced, the [*sqllock.PermitsHeldError] names no holder: try
+// again at once. Errors of an unknown outcome are as for TryAcquire:
+// repeating the same request (same owner) returns the grant if it was
+// applied. Semaphores need the latest schema (migration 00005).
+func (b *Backend) TryAcquirePermit(ctx context.Context, req sqllock.PermitRequest) (sqllock.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return sqllock.Lease{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sqllock.Lease{}, pg.NotSent(outcome.Acquire, req.Key, true, err)
+	}
+	st, err := b.statements(ctx, outcome.Acquire, req.Key)
+	if err != nil {
+		return sqllock.Lease{}, err
+	}
+	if st.version < latest {
+		return sqllock.Lease{}, fmt.Errorf("%w: table %s is at schema version %d; semaphores need migration %05d (run `sqllock migrate up`, then rebuild the Backend)",
+			sqllock.ErrSchemaMissing, b.table, st.version, latest)
+	}
+	q := b.permit.acquire
+	if b.watched(req.Key) {
+		q = b.permit.acquireWait
+	}
+	var r permitRow
+	err = b.queryRow(ctx, q, []any{req.Key, leaseMicros(req.TTL), req.Owner, nonEmpty(req.Value), req.Permits},
+		&r.key, &r.token, &r.deadline, &r.now, &r.permits, &r.free, &r.exhausted, &r.holders)
+	if err != nil {
+		return sqllock.Lease{}, b.translate(ctx, outcome.Acquire, req.Key, err)
+	}
+	return permitted(req, r)
+}
+
+// permitRow is what queries/permit_acquire.sql returns.
+type permitRow struct {
+	key             string // the permit granted, "" for none
+	token, permits  int64
+	free, exhausted int64
+	deadline, now   time.Time
+	holders         string // JSON
+}
+
+// permitted is TryAcquirePermit's answer to req from its statement's row.
+func permitted(req sqllock.PermitRequest, r permitRow) (sqllock.Lease, error) {
+	switch {
+	case r.key != "":
+		return sqllock.Lease{Key: r.key, Token: r.token, Owner: req.Owner, Deadline: r.deadline, BackendTime: r.now, Value: nonEmpty(req.Value)}, nil
+	case r.permits != 0 && r.permits != int64(req.Permits):
+		return sqllock.Lease{}, &sqllock.PermitLimitError{Key: req.Key, Asked: req.Permits, Stored: int(r.permits)}
+	case r.permits == 0 || r.free > 0:
+		// A first grant that lost the race to create the semaphore, or
+		// free permits that were locked or taken while the statement ran.
+		return sqllock.Lease{}, sqllock.NewPermitsHeldError(req.Key, req.Permits, nil)
+	case r.exhausted > 0:
+		return sqllock.Lease{}, fmt.Errorf("%w: semaphore %q", sqllock.ErrTokenExhausted, req.Key)
+	}
+	var hs []struct {
+		Key, Owner string
+		Token      int64
+		Value      *string
+		US         int64 `json:"us"`
+	}
+	if err := json.Unmarshal([]byte(r.holders), &hs); err != nil {
+		return sqllock.Lease{}, fmt.Errorf("sqllock/postgres: %s %q: the holders: %w", outcome.Acquire, req.Key, err)
+	}
+	holders := make([]sqllock.PermitHolder, len(hs))
+	for i, h := range hs {
+		holders[i] = sqllock.PermitHolder{Key: h.Key, Owner: h.Owner, Token: h.Token, Remaining: time.Duration(max(h.US, 0)) * time.Microsecond}
+		if h.Value != nil {
+			v, err := base64.StdEncoding.DecodeString(*h.Value)
+			if err != nil {
+				return sqllock.Lease{}, fmt.Errorf("sqllock/postgres: %s %q: a holder's value: %w", outcome.Acquire, req.Key, err)
+			}
+			holders[i].Value = nonEmpty(v)
+		}
+	}
+	return sqllock.Lease{}, sqllock.NewPermitsHeldError(req.Key, req.Permits, holders)
+}
+
+// signal wakes the watchers of a released key and, for a permit, of its
+// semaphore.
+func (l *listener) signal(key string) {
+	l.signals.Signal(key)
+	if sem, _, ok := sqllock.ParsePermitKey(key); ok {
+		l.signals.Signal(sem)
+	}
+}
