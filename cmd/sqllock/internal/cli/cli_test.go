@@ -412,3 +412,19 @@ func TestParseMariaDB(t *testing.T) {
 		require.Equal(t, ExitConfig, exitCode(err), "%s: %v", bad, err)
 	}
 }
+
+// The session's Client gets the dialect's Backend itself, not the wrapper
+// that closes it: through the wrapper the Client saw only sqllock.Backend,
+// so run --wait polled instead of waking on a release and renewals were
+// never batched.
+func TestSessionClientSeesBackendCapabilities(t *testing.T) {
+	t.Parallel()
+	e := &env{getenv: func(string) string { return "" }}
+	s, err := e.open(t.Context(), dbFlags{url: "sqlite:" + filepath.Join(t.TempDir(), "locks.db")},
+		openOptions{client: func(d *database) sqllock.Options { return e.clientOptions(time.Minute, d) }})
+	require.NoError(t, err)
+	defer s.close()
+	_, stop, ok := s.client.Watch("k")
+	require.True(t, ok, "the session's Client cannot watch for releases: run --wait polls")
+	stop()
+}

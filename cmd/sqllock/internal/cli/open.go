@@ -59,7 +59,10 @@ func (e *env) open(ctx context.Context, f dbFlags, o openOptions) (*session, err
 	}
 	s := &session{db: d, backend: b}
 	if o.client != nil {
-		if s.client, err = sqllock.New(b, o.client(d)); err != nil {
+		// The dialect's Backend itself, not b: the Client looks for what
+		// it can do beyond sqllock.Backend (Watcher, BatchRenewer,
+		// PermitAcquirer), which the wrapper would hide.
+		if s.client, err = sqllock.New(b.Backend, o.client(d)); err != nil {
 			b.close()
 			return nil, fail(ExitUsage, "%v", err)
 		}

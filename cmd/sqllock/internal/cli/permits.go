@@ -117,14 +117,3 @@ func semaphoreJSON(j *lockJSON, in sqllock.LockInfo, sems map[string]*semaphore)
 		j.Semaphore = sem
 	}
 }
-
-// TryAcquirePermit passes a permit acquire on to the backend (the
-// session's Client sees only what backend implements), or refuses it with
-// an UnsupportedError naming the backend's type.
-func (b *backend) TryAcquirePermit(ctx context.Context, req sqllock.PermitRequest) (sqllock.Lease, error) {
-	p, ok := b.Backend.(sqllock.PermitAcquirer)
-	if !ok {
-		return sqllock.Lease{}, &sqllock.UnsupportedError{Backend: fmt.Sprintf("%T", b.Backend), What: "semaphores", Need: "sqllock.PermitAcquirer"}
-	}
-	return p.TryAcquirePermit(ctx, req)
-}
