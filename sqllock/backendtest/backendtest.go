@@ -58,6 +58,7 @@ func Run(t *testing.T, h Harness) {
 		{"BatchBadElementBeforeIO", testBatchBadElement},
 		{"BatchMany", testBatchMany},
 	}
+	tests = append(tests, multiTests()...)
 	for _, tt := range tests {
 		if h.NoMinHold && strings.HasPrefix(tt.name, "MinHold") {
 			tt.fn = testMinHoldRefused
