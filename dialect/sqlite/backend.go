@@ -32,6 +32,7 @@ type Backend struct {
 	// The statements, rendered once by renderQueries (queries.go).
 	acquireSQL, renewSQL, releaseSQL, peekSQL, listSQL, listFromSQL string
 	renewBatchSQL, nowSQL                                           string
+	acquireAllSQL                                                   string // multi.go
 
 	retryTimeout time.Duration
 	writeSlot    chan struct{} // one write statement at a time per Backend

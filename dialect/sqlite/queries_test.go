@@ -25,7 +25,7 @@ func TestStatementsAsSent(t *testing.T) {
 	for _, s := range []struct{ name, sql string }{
 		{"acquire", b.acquireSQL}, {"renew", b.renewSQL}, {"renew_batch", b.renewBatchSQL},
 		{"now", b.nowSQL}, {"release", b.releaseSQL}, {"peek", b.peekSQL},
-		{"list", b.listSQL}, {"list_from", b.listFromSQL},
+		{"list", b.listSQL}, {"list_from", b.listFromSQL}, {"acquire_all", b.acquireAllSQL},
 	} {
 		require.NotContains(t, s.sql, "{{", "%s: a hole left unfilled", s.name)
 		got.WriteString("-- " + s.name + "\n" + s.sql + "\n\n")
