@@ -55,10 +55,14 @@ const watchRule = "WatchSignalsRelease"
 
 // pollOnly is a Backend as a Client sees it with DisableNotify: without
 // the Watcher (embedding the interface promotes its four methods only),
-// with batch renewal.
+// with batch renewal and the acquire of a set.
 type pollOnly struct {
 	sqllock.Backend
 	pg *Backend
+}
+
+func (p pollOnly) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireRequest) ([]sqllock.Lease, error) {
+	return p.pg.TryAcquireAll(ctx, req)
 }
 
 func (p pollOnly) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
