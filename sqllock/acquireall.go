@@ -55,7 +55,7 @@ func (s *GuardSet) Guard(key string) *Guard {
 }
 
 // Context returns a context that ends at the first end of any member of
-// the set: its cause is that member's ([Guard.Context]): a [*LostError]
+// the set (a goroutine hop after it): its cause is that member's ([Guard.Context]): a [*LostError]
 // naming the lost key, [ErrReleased], or the acquire context's cause.
 func (s *GuardSet) Context() context.Context { return s.ctx }
 
@@ -63,12 +63,19 @@ func (s *GuardSet) Context() context.Context { return s.ctx }
 func (s *GuardSet) Done() <-chan struct{} { return s.ctx.Done() }
 
 // Err returns nil while every member holds its lease, else the cause of
-// the first member's end (see [GuardSet.Context]).
+// the first member's end (see [GuardSet.Context]). It reads the members
+// themselves: the set's context ends a goroutine hop after the first
+// member's (context.AfterFunc), Err at once.
 func (s *GuardSet) Err() error {
-	if s.ctx.Err() == nil {
-		return nil
+	if s.ctx.Err() != nil {
+		return context.Cause(s.ctx)
 	}
-	return context.Cause(s.ctx)
+	for _, g := range s.guards {
+		if err := g.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Release releases every member of the set, at once, and returns their
