@@ -31,7 +31,7 @@ type config struct {
 
 func (c *config) want(section string) bool { return len(c.only) == 0 || c.only[section] }
 
-var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "groupcommit", "sqlite", "memory", "etcd", "mariadb", "redis"}
+var sections = []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "groupcommit", "multikey", "sqlite", "memory", "etcd", "mariadb", "redis"}
 
 func main() {
 	var cfg config
@@ -115,7 +115,7 @@ func run(ctx context.Context, cfg *config) (err error) {
 		}
 	}
 	needPG := redisBin != ""
-	for _, s := range []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "groupcommit"} {
+	for _, s := range []string{"pg", "hotkey", "handoff", "takeover", "async", "renewal", "groupcommit", "multikey"} {
 		needPG = needPG || cfg.want(s)
 	}
 	tmp, err := os.MkdirTemp("", "ashlock-bench-")
@@ -205,6 +205,13 @@ func run(ctx context.Context, cfg *config) (err error) {
 			return err
 		}
 		rep.addMatrix(m, groupCommitRatios)
+	}
+	if cfg.want("multikey") {
+		m := pe.multiKey(cfg)
+		if err := m.run(ctx, logf); err != nil {
+			return err
+		}
+		rep.addMatrix(m, multiKeyRatios)
 	}
 	if cfg.want("sqlite") {
 		m, stats, err := sqliteMatrix(ctx, cfg, tmp)

@@ -81,6 +81,14 @@
 // its token orders the tenures of that permit only: fence per permit,
 // keeping the highest token seen for each permit's key.
 //
+// # Several keys at once
+//
+// [Client.AcquireAll] takes a set of keys all or none, on a backend that
+// implements [MultiAcquirer] (memory, SQLite, PostgreSQL): one statement,
+// keys in a fixed order, so that overlapping sets never deadlock. Each
+// key gets its own lease and token, as a single acquire would; the
+// [GuardSet]'s context ends at the first loss of any of them.
+//
 // # Guarantees
 //
 // Under these assumptions — A1: the database is linearizable for our

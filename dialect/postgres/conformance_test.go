@@ -55,7 +55,7 @@ const watchRule = "WatchSignalsRelease"
 
 // pollOnly is a Backend as a Client sees it with DisableNotify: without
 // the Watcher (embedding the interface promotes its four methods only),
-// with batch renewal and permits.
+// with batch renewal, permits and the acquire of a set.
 type pollOnly struct {
 	sqllock.Backend
 	pg *Backend
@@ -63,6 +63,10 @@ type pollOnly struct {
 
 func (p pollOnly) TryAcquirePermit(ctx context.Context, req sqllock.PermitRequest) (sqllock.Lease, error) {
 	return p.pg.TryAcquirePermit(ctx, req)
+}
+
+func (p pollOnly) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireRequest) ([]sqllock.Lease, error) {
+	return p.pg.TryAcquireAll(ctx, req)
 }
 
 func (p pollOnly) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {

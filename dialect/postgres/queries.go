@@ -54,6 +54,7 @@ type statements struct {
 	acquire, acquireWait, release, list, peek string
 	renew, renewBatch, fence, channel, schema string
 	acquireBatch, releaseBatch                string
+	acquireAll                                string // multi.go
 	waited, value, hold, durableRelease       bool
 }
 
@@ -68,7 +69,8 @@ func render(s schema) *statements {
 		renew: fill("renew", s), renewBatch: fill("renew_batch", s),
 		fence: fill("fence", s), channel: fill("channel", s), schema: fill("schema", s),
 		acquireBatch: fill("acquire_batch", plain), releaseBatch: fill("release_batch", s),
-		waited: s.Version >= 3, value: s.Version >= 4, hold: s.Version >= 5, durableRelease: s.DurableRelease,
+		acquireAll: fill("acquire_all", plain),
+		waited:     s.Version >= 3, value: s.Version >= 4, hold: s.Version >= 5, durableRelease: s.DurableRelease,
 	}
 }
 

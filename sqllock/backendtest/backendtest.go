@@ -59,6 +59,7 @@ func Run(t *testing.T, h Harness) {
 		{"BatchMany", testBatchMany},
 		{"Permits", testPermits},
 	}
+	tests = append(tests, multiTests()...)
 	for _, tt := range tests {
 		if h.NoMinHold && strings.HasPrefix(tt.name, "MinHold") {
 			tt.fn = testMinHoldRefused

@@ -79,3 +79,23 @@ SELECT ?1 || '#permit-' || i, 1, 0, CAST(ROUND(unixepoch('now', 'subsec') * 1000
 WHERE NOT EXISTS (SELECT 1 FROM "sqllock_locks" WHERE key = ?1 || '#permits')
 ON CONFLICT DO NOTHING
 
+-- acquire_all
+WITH blocked AS (
+	SELECT t.key FROM json_each(?1) AS k JOIN "sqllock_locks" AS t ON t.key = k.value
+	WHERE NOT (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (t.held AND t.deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND t.owner = ?3))
+)
+INSERT INTO "sqllock_locks" (key, token, held, deadline, owner, value, hold_until)
+SELECT s.key, coalesce((SELECT c.token FROM "sqllock_locks" AS c WHERE c.key = s.key), 1),
+	NOT EXISTS (SELECT 1 FROM blocked), CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + ?2, ?3, ?4, NULL
+FROM (SELECT j.value AS key FROM json_each(?1) AS j) AS s
+WHERE NOT EXISTS (SELECT 1 FROM blocked) OR s.key = (SELECT min(b.key) FROM blocked AS b)
+ORDER BY s.key
+ON CONFLICT (key) DO UPDATE SET
+	token    = token + (excluded.held AND ((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807)),
+	held     = CASE WHEN excluded.held AND (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN 1 ELSE held END,
+	deadline = CASE WHEN excluded.held AND (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN max(excluded.deadline, CASE WHEN owner = excluded.owner THEN coalesce(hold_until, 0) ELSE 0 END) ELSE deadline END,
+	hold_until = CASE WHEN excluded.held AND ((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) THEN NULL ELSE hold_until END,
+	owner    = CASE WHEN excluded.held AND (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN excluded.owner ELSE owner END,
+	value    = CASE WHEN excluded.held AND (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN excluded.value ELSE value END
+RETURNING key, token, held, deadline, owner, value, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), coalesce(hold_until > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), 0)
+

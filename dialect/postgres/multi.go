@@ -1,0 +1,151 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ashlock/ashlock/internal/outcome"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+var _ sqllock.MultiAcquirer = (*Backend)(nil)
+
+// TryAcquireAll implements [sqllock.MultiAcquirer] in one statement
+// (queries/acquire_all.sql), on the pgx pool or the *sql.DB alike: every
+// key of the set granted in one transaction and one commit, or none. Its
+// rows are locked in key order without waiting (SKIP LOCKED), so two
+// overlapping sets never deadlock, and a row another transaction holds
+// locked refuses the set with a [*sqllock.HeldError] that has no owner
+// (try again). A refusal that the statement's snapshot shows (a key held
+// by another owner) locks no row, writes nothing and takes no transaction
+// id. When another transaction inserts a fresh key of the set first, the
+// statement fails whole and the refusal names that key, without owner.
+//
+// Outcomes as for [Backend.TryAcquire]: a reply lost in flight is
+// [sqllock.ErrIndeterminate], and repeating the request (same Owner)
+// returns the same grant. It needs the table at the latest migration
+// (00005); the group commit of single acquires never carries a set.
+func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireRequest) ([]sqllock.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	sorted := sqllock.SortedKeys(req.Keys)
+	if err := ctx.Err(); err != nil {
+		return nil, pg.NotSent(outcome.Acquire, sorted[0], true, err)
+	}
+	st, err := b.statements(ctx, outcome.Acquire, sorted[0])
+	if err != nil {
+		return nil, err
+	}
+	if !st.hold {
+		return nil, fmt.Errorf("%w: table %s lacks the columns of migration 00005, which an acquire of a set of keys needs (run `sqllock migrate up`, then rebuild the Backend)",
+			sqllock.ErrSchemaMissing, b.table)
+	}
+	keys, err := json.Marshal(sorted)
+	if err != nil {
+		return nil, err
+	}
+	rows := make(map[string]acquireAllRow, len(sorted))
+	var (
+		key string
+		r   acquireAllRow
+	)
+	err = b.queryRowsVia(ctx, sendOpts{pooler: true}, b.full.acquireAll,
+		[]any{string(keys), leaseMicros(req.TTL), req.Owner, nonEmpty(req.Value)},
+		[]any{&key, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.grantable, &r.unlocked, &r.value}, func() error {
+			rows[key] = r
+			r.value = nil // scanned fresh for the next row
+			return nil
+		})
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "23505" {
+		// A fresh key of the set was inserted first by another
+		// transaction: the statement was rolled back whole.
+		return nil, &sqllock.HeldError{Key: insertedKey(err, pgErr, sorted)}
+	}
+	if err != nil {
+		return nil, b.translate(ctx, outcome.Acquire, sorted[0], err)
+	}
+	return acquiredAll(req, sorted, rows)
+}
+
+// acquireAllRow is what queries/acquire_all.sql returns per key.
+type acquireAllRow struct {
+	acquireRow
+	grantable bool // the snapshot's row may be granted (true for a fresh key)
+	unlocked  bool // a row of the snapshot that the statement did not lock
+}
+
+// acquiredAll is TryAcquireAll's answer to req (keys sorted) from its
+// statement's rows.
+func acquiredAll(req sqllock.MultiAcquireRequest, sorted []string, rows map[string]acquireAllRow) ([]sqllock.Lease, error) {
+	granted := 0
+	for _, k := range sorted {
+		if r, ok := rows[k]; ok && r.granted {
+			granted++
+		}
+	}
+	switch {
+	case granted == len(sorted):
+		out := make([]sqllock.Lease, len(req.Keys))
+		for i, k := range req.Keys {
+			r := rows[k]
+			out[i] = sqllock.Lease{Key: k, Token: r.token, Owner: req.Owner, Deadline: r.deadline, BackendTime: r.now, Value: nonEmpty(req.Value)}
+		}
+		return out, nil
+	case granted > 0 || len(rows) != len(sorted):
+		return nil, fmt.Errorf("sqllock/postgres: TryAcquireAll %q: unexpected answer: %d of %d keys granted, %d rows", req.Keys, granted, len(sorted), len(rows))
+	}
+	// The first key in key order that the snapshot refuses names the
+	// holder; with none, the first that was locked by another
+	// transaction (or changed) before this statement could lock it.
+	for _, k := range sorted {
+		r := rows[k]
+		switch {
+		case r.grantable:
+		case r.held && r.deadline.After(r.now):
+			return nil, &sqllock.HeldError{Key: k, Owner: r.owner, Token: r.token, Remaining: r.deadline.Sub(r.now), Value: nonEmpty(r.value)}
+		case r.token == math.MaxInt64:
+			return nil, fmt.Errorf("%w: %q reached token %d", sqllock.ErrTokenExhausted, k, r.token)
+		default:
+			return nil, &sqllock.HeldError{Key: k}
+		}
+	}
+	for _, k := range sorted {
+		if rows[k].unlocked {
+			return nil, &sqllock.HeldError{Key: k}
+		}
+	}
+	return nil, &sqllock.HeldError{Key: sorted[0]}
+}
+
+// insertedKey is the key a unique violation's detail names ("Key
+// (key)=(k) already exists."), when it is one of keys (the server's
+// messages may be translated), else the first of keys. lib/pq's error
+// carries the detail as its field 'D' (read with its Get method), not in
+// the *pgconn.PgError the *sql.DB path reads it as.
+func insertedKey(err error, pgErr *pgconn.PgError, keys []string) string {
+	d := pgErr.Detail
+	if g, ok := errors.AsType[detailed](err); ok && d == "" {
+		d = g.Get('D')
+	}
+	const pre, post = "Key (key)=(", ") already exists."
+	if strings.HasPrefix(d, pre) && strings.HasSuffix(d, post) {
+		if k := d[len(pre) : len(d)-len(post)]; slices.Contains(keys, k) {
+			return k
+		}
+	}
+	return keys[0]
+}
+
+// detailed is lib/pq's *pq.Error as insertedKey reads it.
+type detailed interface {
+	error
+	Get(field byte) string
+}

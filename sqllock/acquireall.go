@@ -1,0 +1,365 @@
+package sqllock
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// GuardSet is the Guards of one [Client.AcquireAll]: one ordinary [Guard]
+// per key, each with its own lease and fencing token, granted together.
+//
+// The set is lost together: its [GuardSet.Context] ends at the first end
+// of any member (a loss, a release, the acquire context's end), with that
+// member's cause, so that the work done under the set stops as soon as one
+// of its keys can no longer be trusted. The other members are not ended
+// by it: their leases stay held, and renewed, until [GuardSet.Release]
+// (or their own loss), so that no other holder can take those keys while
+// the holder is still stopping. Each member reports its own state
+// ([Guard.Err]). The members come due for renewal together (one acquire,
+// one send time, one renew interval) and the Client's scheduler renews
+// them in one batch on a backend with [BatchRenewer].
+type GuardSet struct {
+	guards []*Guard // in the order of the keys given to AcquireAll
+	ctx    context.Context
+	cancel context.CancelCauseFunc // called by a member's end, and by Release
+}
+
+// newGuardSet makes the set of gs, handed out: its context ends at the
+// first end of a member.
+func newGuardSet(parent context.Context, gs []*Guard) *GuardSet {
+	ctx, cancel := context.WithCancelCause(parent)
+	for _, g := range gs {
+		gctx := g.Context()
+		context.AfterFunc(gctx, func() { cancel(context.Cause(gctx)) })
+	}
+	return &GuardSet{guards: gs, ctx: ctx, cancel: cancel}
+}
+
+// Guards returns the set's Guards, in the order of the keys given to
+// AcquireAll.
+func (s *GuardSet) Guards() []*Guard { return slices.Clone(s.guards) }
+
+// Guard returns the Guard of key, or nil when key is not in the set.
+func (s *GuardSet) Guard(key string) *Guard {
+	for _, g := range s.guards {
+		if g.key == key {
+			return g
+		}
+	}
+	return nil
+}
+
+// Context returns a context that ends at the first end of any member of
+// the set (a goroutine hop after it): its cause is that member's ([Guard.Context]): a [*LostError]
+// naming the lost key, [ErrReleased], or the acquire context's cause.
+func (s *GuardSet) Context() context.Context { return s.ctx }
+
+// Done is shorthand for s.Context().Done().
+func (s *GuardSet) Done() <-chan struct{} { return s.ctx.Done() }
+
+// Err returns nil while every member holds its lease, else the cause of
+// the first member's end (see [GuardSet.Context]). It reads the members
+// themselves: the set's context ends a goroutine hop after the first
+// member's (context.AfterFunc), Err at once.
+func (s *GuardSet) Err() error {
+	if s.ctx.Err() != nil {
+		return context.Cause(s.ctx)
+	}
+	for _, g := range s.guards {
+		if err := g.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Release releases every member of the set, at once, and returns their
+// errors joined ([Guard.Release]: an error matching [ErrLeaseLost] for a
+// member that was lost, so that the caller learns its work may have
+// overlapped another holder's). It is idempotent, as Guard.Release is.
+func (s *GuardSet) Release(ctx context.Context) error {
+	errs := make([]error, len(s.guards))
+	var wg sync.WaitGroup
+	for i, g := range s.guards {
+		wg.Go(func() { errs[i] = g.Release(ctx) })
+	}
+	wg.Wait()
+	s.cancel(ErrReleased) // a no-op: the first member's end came first
+	return errors.Join(errs...)
+}
+
+// AcquireAll takes every key of keys, all or none, in one call to the
+// backend's [MultiAcquirer] (one statement on the SQL backends; the keys
+// are taken in a fixed order there, so that overlapping sets never
+// deadlock), and returns their Guards as a [GuardSet]. Each key gets its
+// own lease and fencing token, as [Client.Acquire] of it alone would.
+//
+// It waits as [Client.Acquire] does, as opts.Wait says: with no Wait one
+// attempt, which returns an error matching [ErrNotAcquired] (a
+// [*HeldError] naming the first held key in key order and its holder)
+// when a key is held; with a positive Wait (or [WaitForever]) it tries
+// again until every key is free, ctx ends or Wait passes, sleeping
+// [Options.Backoff] capped by the refusing holder's remaining lease, and
+// waking early when the backend signals the release of the key that
+// refused it last ([Watcher]). An outcome the backend reports unknown
+// ([ErrIndeterminate]) is settled by repeating the same request (the same
+// owner gets the same tokens back), as for Acquire.
+//
+// The keys are validated before any I/O: at least one, at most
+// [MaxKeysPerAcquire], each valid, none twice (errors matching
+// [ErrInvalidKey]). opts applies to every key; a MinHold is refused
+// ([ErrInvalidOption]): a set of keys takes no minimum hold. A backend
+// without [MultiAcquirer] gives an error matching
+// [ErrMultiAcquireUnsupported] naming it, before any I/O. The observer
+// sees one acquire event per key, each with the set's outcome.
+func (c *Client) AcquireAll(ctx context.Context, keys []string, opts *AcquireOptions) (*GuardSet, error) {
+	req, s, err := c.prepareAll(keys, opts)
+	if err != nil {
+		return nil, err
+	}
+	ma, ok := c.b.(MultiAcquirer)
+	if !ok {
+		return nil, fmt.Errorf("%w: backend %s", ErrMultiAcquireUnsupported, c.opts.BackendName)
+	}
+	start := c.obs.now()
+	waits := opts != nil && opts.Wait != 0
+	var set *GuardSet
+	attempts := 1
+	if !waits {
+		var ls []Lease
+		var sent time.Time
+		ls, sent, err = c.tryAll(ctx, ma, req, true)
+		if err == nil {
+			set, err = c.holdAll(ctx, ls, sent, s)
+		}
+	} else {
+		set, attempts, err = c.waitAll(ctx, ma, req, s, opts.Wait)
+	}
+	if c.obs.on() {
+		for i, k := range req.Keys {
+			var g *Guard
+			if set != nil {
+				g = set.guards[i]
+			}
+			c.obs.acquire(ctx, AcquireRequest{Key: k, TTL: req.TTL, Owner: req.Owner, Value: req.Value}, waits, start, attempts, g, err)
+		}
+	}
+	return set, err
+}
+
+// prepareAll validates AcquireAll's input before any I/O and builds its
+// request.
+func (c *Client) prepareAll(keys []string, ao *AcquireOptions) (MultiAcquireRequest, settings, error) {
+	s, err := c.opts.settingsFor(ao)
+	if err != nil {
+		return MultiAcquireRequest{}, s, err
+	}
+	if s.minHold != 0 {
+		return MultiAcquireRequest{}, s, fmt.Errorf("%w: AcquireAll takes no MinHold (a set of keys has no minimum hold)", ErrInvalidOption)
+	}
+	one := c.request("", s)
+	req := MultiAcquireRequest{Keys: slices.Clone(keys), TTL: one.TTL, Owner: one.Owner, Value: one.Value}
+	if err := req.Validate(); err != nil {
+		return req, s, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return req, s, ErrClosed
+	}
+	return req, s, nil
+}
+
+// attemptAll sends one acquire of the set.
+func (c *Client) attemptAll(ctx context.Context, ma MultiAcquirer, req MultiAcquireRequest) ([]Lease, time.Time, error) {
+	sent := time.Now()
+	ls, err := ma.TryAcquireAll(ctx, req)
+	if err == nil && len(ls) != len(req.Keys) {
+		// Never hand out part of a set.
+		return nil, sent, fmt.Errorf("%w: sqllock: the backend granted %d leases for a set of %d keys", ErrIndeterminate, len(ls), len(req.Keys))
+	}
+	return ls, sent, err
+}
+
+// tryAll makes one attempt; with settle set, an indeterminate outcome is
+// settled (see settleAll).
+func (c *Client) tryAll(ctx context.Context, ma MultiAcquirer, req MultiAcquireRequest, settle bool) ([]Lease, time.Time, error) {
+	ls, sent, err := c.attemptAll(ctx, ma, req)
+	if err == nil || !settle || !errors.Is(err, ErrIndeterminate) {
+		return ls, sent, err
+	}
+	return c.settleAll(ctx, ma, req, err)
+}
+
+// settleAll is settle for a set: it repeats the same request (same owner)
+// a few times, which returns the set's grant if the lost attempt was
+// applied. If ctx has ended, the repeats run under a context of their own
+// bounded by ReleaseTimeout, and a grant they find is released at once.
+func (c *Client) settleAll(ctx context.Context, ma MultiAcquirer, req MultiAcquireRequest, err error) ([]Lease, time.Time, error) {
+	sent := time.Now()
+	sctx := ctx
+	if ctx.Err() != nil {
+		rctx := c.releaseContext(ctx)
+		defer rctx.stop()
+		sctx = rctx
+	}
+	const repeats = 5
+	for attempt := 1; attempt <= repeats && sctx.Err() == nil; attempt++ {
+		if attempt > 1 {
+			sleep(sctx, c.opts.Backoff(attempt-1))
+			if sctx.Err() != nil {
+				break
+			}
+		}
+		ls, sent2, err2 := c.attemptAll(sctx, ma, req)
+		sent = sent2
+		switch {
+		case err2 == nil && ctx.Err() != nil:
+			c.releaseAllQuietly(sctx, ls)
+			return nil, sent, errors.Join(context.Cause(ctx), fmt.Errorf("sqllock: acquire of %q settled and released after its context ended", req.Keys))
+		case err2 == nil:
+			return ls, sent, nil
+		case errors.Is(err2, ErrIndeterminate), errors.Is(err2, ErrUnavailable), anonymousHolder(err2), cutByContext(err2):
+			err = errors.Join(ErrIndeterminate, err2)
+		default:
+			return nil, sent, err2 // settled: not ours (or a permanent error)
+		}
+	}
+	return nil, sent, err
+}
+
+func (c *Client) releaseAllQuietly(ctx context.Context, ls []Lease) {
+	var wg sync.WaitGroup
+	for _, l := range ls {
+		wg.Go(func() { c.releaseQuietly(ctx, l) })
+	}
+	wg.Wait()
+}
+
+// waitAll is AcquireAll with a positive wait: Client.wait for a set. It
+// watches the key that refused the last attempt.
+func (c *Client) waitAll(ctx context.Context, ma MultiAcquirer, req MultiAcquireRequest, s settings, wait time.Duration) (*GuardSet, int, error) {
+	wctx := ctx
+	if wait != WaitForever {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
+	}
+	w, _ := c.b.(Watcher)
+	var (
+		wake    <-chan struct{}
+		stop    = func() {}
+		watched string
+	)
+	defer func() { stop() }()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	var last error
+	for attempt := 1; ; attempt++ {
+		actx, acancel := context.WithTimeout(wctx, s.ttl-s.margin)
+		ls, sent, err := c.attemptAll(actx, ma, req)
+		cut := err != nil && actx.Err() != nil && wctx.Err() == nil
+		acancel()
+		if err == nil {
+			set, err := c.holdAll(ctx, ls, sent, s)
+			return set, attempt, err
+		}
+		if cut {
+			err = fmt.Errorf("%w: the attempt took longer than the TTL less the margin: %w", ErrIndeterminate, err)
+		}
+		var he *HeldError
+		switch {
+		case errors.As(err, &he):
+			if w != nil && he.Key != watched {
+				// Watched from now on: a release before this only costs
+				// the sleep below, bounded by the holder's remaining time.
+				stop()
+				wake, stop = w.Watch(he.Key)
+				watched = he.Key
+			}
+		case errors.Is(err, ErrIndeterminate), errors.Is(err, ErrUnavailable):
+			c.log.DebugContext(ctx, "sqllock: acquire attempt of a set failed, retrying", "keys", req.Keys, "owner", req.Owner, "backend", c.opts.BackendName, "attempt", attempt, "err", err)
+		case wctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+			return nil, attempt, c.waitAllEnded(ctx, wctx, ma, req, cmp.Or(last, err))
+		default:
+			return nil, attempt, err
+		}
+		last = err
+		if wctx.Err() != nil {
+			return nil, attempt, c.waitAllEnded(ctx, wctx, ma, req, err)
+		}
+		d := c.opts.Backoff(attempt)
+		if he != nil && he.Remaining > 0 {
+			d = min(d, he.Remaining)
+		}
+		timer.Reset(max(d, 0))
+		select {
+		case <-wctx.Done():
+			return nil, attempt, c.waitAllEnded(ctx, wctx, ma, req, err)
+		case <-c.closing:
+			return nil, attempt, ErrClosed
+		case <-timer.C:
+		case <-wake:
+			timer.Stop()
+		}
+	}
+}
+
+// waitAllEnded is waitEnded for a set.
+func (c *Client) waitAllEnded(ctx, wctx context.Context, ma MultiAcquirer, req MultiAcquireRequest, last error) error {
+	if errors.Is(last, ErrIndeterminate) {
+		if _, _, err := c.settleAll(wctx, ma, req, last); err != nil {
+			last = err
+		}
+	}
+	if ctx.Err() == nil && wctx.Err() != nil {
+		return errors.Join(last, context.DeadlineExceeded)
+	}
+	return errors.Join(last, context.Cause(ctx))
+}
+
+// holdAll is hold for a set: the Guards of leases ls, granted to one
+// request sent at sent, handed out together or not at all.
+func (c *Client) holdAll(parent context.Context, ls []Lease, sent time.Time, s settings) (*GuardSet, error) {
+	gs := make([]*Guard, len(ls))
+	for i, l := range ls {
+		gs[i] = newGuard(c, parent, l, sent, s)
+	}
+	if time.Until(gs[0].slot.expAt) <= 0 {
+		// The reply came too late to use the leases safely.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(parent), c.opts.ReleaseTimeout)
+		defer cancel()
+		c.releaseAllQuietly(rctx, ls)
+		return nil, &LostError{Key: ls[0].Key, Token: ls[0].Token, Reason: LostExpired,
+			Err: errors.New("the acquire reply arrived after the local deadline")}
+	}
+	for _, g := range gs {
+		c.obs.guardStart(g)
+	}
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		// As in hold: linked and scheduled under one hold of mu.
+		for _, g := range gs {
+			c.link(g)
+			c.sched.add(g)
+		}
+	}
+	c.mu.Unlock()
+	if closed {
+		for _, g := range gs {
+			g.releaseUnshared(ErrClosed)
+		}
+		return nil, ErrClosed
+	}
+	for _, g := range gs {
+		c.watchParent(g)
+	}
+	return newGuardSet(parent, gs), nil
+}
