@@ -229,12 +229,21 @@ func timeoutArg(ts *testscript.TestScript, name string, args []string) (time.Dur
 	return d, args[2:]
 }
 
-// waitfile [-timeout D] file [regexp]: waits until file exists (and its
-// content matches regexp), polling; fails after the timeout (default 15s).
+// waitfile [-timeout D] [-unless FILE2 REGEXP2] file [regexp]: waits until
+// file exists (and its content matches regexp), polling; fails after the
+// timeout (default 15s), and with -unless as soon as FILE2's content
+// matches REGEXP2 (a state the script would fail on later anyway, seen
+// without waiting out the timeout).
 func cmdWaitfile(ts *testscript.TestScript, neg bool, args []string) {
 	timeout, args := timeoutArg(ts, "waitfile", args)
+	var unless string
+	var unlessRe *regexp.Regexp
+	if len(args) >= 3 && args[0] == "-unless" {
+		unless, unlessRe = ts.MkAbs(args[1]), regexp.MustCompile(args[2])
+		args = args[3:]
+	}
 	if neg || len(args) < 1 || len(args) > 2 {
-		ts.Fatalf("usage: waitfile [-timeout D] file [regexp]")
+		ts.Fatalf("usage: waitfile [-timeout D] [-unless file regexp] file [regexp]")
 	}
 	var re *regexp.Regexp
 	if len(args) == 2 {
@@ -246,6 +255,11 @@ func cmdWaitfile(ts *testscript.TestScript, neg bool, args []string) {
 		data, err := os.ReadFile(name)
 		if err == nil && (re == nil || re.Match(data)) {
 			return
+		}
+		if unlessRe != nil {
+			if u, err := os.ReadFile(unless); err == nil && unlessRe.Match(u) {
+				ts.Fatalf("waitfile: %s matches %v before %s appeared (or matched %v); content %q", unless, unlessRe, name, re, u)
+			}
 		}
 		if time.Now().After(deadline) {
 			ts.Fatalf("waitfile: %s did not appear (or match %v) within %v; content %q", args[0], re, timeout, data)
