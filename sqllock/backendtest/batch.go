@@ -235,7 +235,16 @@ func testBatchMany(t *testing.T, h Harness) {
 	const n = 500
 	reqs := make([]sqllock.RenewRequest, n)
 	for i := range reqs {
-		reqs[i] = sqllock.RenewRequest{Lease: acquire(t, b, fmt.Sprintf("many-%03d", i), "o1"), TTL: 2 * ttl}
+		// An hour, not ttl: the first lease must still be held when the
+		// batch is sent, however long 500 acquires take under -race on a
+		// loaded machine (with ttl, 10s, it had expired after 14 to 20s
+		// behind PgBouncer and on etcd).
+		key := fmt.Sprintf("many-%03d", i)
+		l, err := b.TryAcquire(ctx(t), sqllock.AcquireRequest{Key: key, TTL: time.Hour, Owner: "o1"})
+		if err != nil || l.Key != key || l.Token <= 0 {
+			t.Fatalf("TryAcquire(%q) = %+v, %v", key, l, err)
+		}
+		reqs[i] = sqllock.RenewRequest{Lease: l, TTL: 2 * ttl}
 	}
 	res := renewBatch(t, br, reqs...)
 	for i, r := range res {

@@ -118,7 +118,8 @@ func (s *Server) Restart(mode string) error {
 	return s.Start()
 }
 
-// StartLocal creates a cluster with initdb in a fresh temp dir and starts it.
+// StartLocal creates a cluster (initdb's, see initCluster) in a fresh temp
+// dir and starts it.
 func StartLocal(binDir string, opts Options) (*Server, error) {
 	s := &Server{binDir: binDir}
 	if os.Geteuid() == 0 {
@@ -197,17 +198,17 @@ func (s *Server) stopOrphans(parent string) {
 	}
 }
 
-// initdb creates the cluster and writes our settings into postgresql.conf, so
-// that pg_ctl start needs no options and restarts keep them.
+// initdb creates the cluster (a copy of initdb's, see initCluster) and
+// writes our settings into postgresql.conf, so that pg_ctl start needs no
+// options and restarts keep them.
 func (s *Server) initdb(opts Options) error {
 	if s.cred != nil {
 		if err := os.Chown(s.DataDir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
 			return fmt.Errorf("pgserver: give %s to the postgres user: %w", s.DataDir, err)
 		}
 	}
-	if out, err := s.run("initdb", "-D", s.DataDir, "--auth=trust", "-U", "postgres",
-		"--no-locale", "--encoding=UTF8", "--no-sync", "--no-instructions"); err != nil {
-		return fmt.Errorf("pgserver: initdb: %w\n%s", err, out)
+	if err := s.initCluster(filepath.Dir(s.DataDir)); err != nil {
+		return err
 	}
 	settings := map[string]string{
 		"listen_addresses": "127.0.0.1",

@@ -148,3 +148,50 @@ func TestStandbyAndPgBouncer(t *testing.T) {
 		pid()
 	})
 }
+
+// Clusters made from the one template are copies: what one server writes,
+// another started after it does not see, and the template stays as initdb
+// left it.
+func TestClustersFromTheTemplateAreIndependent(t *testing.T) {
+	if dir, _ := FindBinDir(); dir == "" && os.Getenv("SQLLOCK_REQUIRE_POSTGRES") != "1" {
+		t.Skip("no PostgreSQL binaries")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := func() *pgx.Conn {
+		t.Helper()
+		begin := time.Now()
+		s, err := Start(Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("started in %v", time.Since(begin).Round(time.Millisecond))
+		t.Cleanup(func() { _ = os.RemoveAll(s.DataDir) })
+		t.Cleanup(func() { _ = s.Stop(StopImmediate) })
+		conn, err := pgx.Connect(ctx, s.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		return conn
+	}
+	tables := func(conn *pgx.Conn) int {
+		t.Helper()
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE tablename = 'written_by_one'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	one := start()
+	if _, err := one.Exec(ctx, "CREATE TABLE written_by_one (x int); INSERT INTO written_by_one VALUES (1); CHECKPOINT"); err != nil {
+		t.Fatal(err)
+	}
+	if n := tables(one); n != 1 {
+		t.Fatalf("the first server sees %d tables of its own, want 1", n)
+	}
+	two := start()
+	if n := tables(two); n != 0 {
+		t.Fatalf("the second server sees the first one's table (%d)", n)
+	}
+}
