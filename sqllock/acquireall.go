@@ -1,7 +1,6 @@
 package sqllock
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -128,17 +127,17 @@ func (c *Client) AcquireAll(ctx context.Context, keys []string, opts *AcquireOpt
 	}
 	start := c.obs.now()
 	waits := opts != nil && opts.Wait != 0
-	var set *GuardSet
+	a := acquireCall{all: req, ma: ma}
+	var gr grant
 	attempts := 1
 	if !waits {
-		var ls []Lease
-		var sent time.Time
-		ls, sent, err = c.tryAll(ctx, ma, req, true)
-		if err == nil {
-			set, err = c.holdAll(ctx, ls, sent, s)
-		}
+		gr, err = c.try(ctx, &a, true)
 	} else {
-		set, attempts, err = c.waitAll(ctx, ma, req, s, opts.Wait)
+		gr, attempts, err = c.wait(ctx, &a, s, opts.Wait)
+	}
+	var set *GuardSet
+	if err == nil {
+		set, err = c.holdAll(ctx, gr.ls, gr.sent, s)
 	}
 	if c.obs.on() {
 		for i, k := range req.Keys {
@@ -175,7 +174,7 @@ func (c *Client) prepareAll(keys []string, ao *AcquireOptions) (MultiAcquireRequ
 	return req, s, nil
 }
 
-// attemptAll sends one acquire of the set.
+// attemptAll sends one acquire of the set (attempt, for a set).
 func (c *Client) attemptAll(ctx context.Context, ma MultiAcquirer, req MultiAcquireRequest) ([]Lease, time.Time, error) {
 	sent := time.Now()
 	ls, err := ma.TryAcquireAll(ctx, req)
@@ -186,142 +185,12 @@ func (c *Client) attemptAll(ctx context.Context, ma MultiAcquirer, req MultiAcqu
 	return ls, sent, err
 }
 
-// tryAll makes one attempt; with settle set, an indeterminate outcome is
-// settled (see settleAll).
-func (c *Client) tryAll(ctx context.Context, ma MultiAcquirer, req MultiAcquireRequest, settle bool) ([]Lease, time.Time, error) {
-	ls, sent, err := c.attemptAll(ctx, ma, req)
-	if err == nil || !settle || !errors.Is(err, ErrIndeterminate) {
-		return ls, sent, err
-	}
-	return c.settleAll(ctx, ma, req, err)
-}
-
-// settleAll is settle for a set: it repeats the same request (same owner)
-// a few times, which returns the set's grant if the lost attempt was
-// applied. If ctx has ended, the repeats run under a context of their own
-// bounded by ReleaseTimeout, and a grant they find is released at once.
-func (c *Client) settleAll(ctx context.Context, ma MultiAcquirer, req MultiAcquireRequest, err error) ([]Lease, time.Time, error) {
-	sent := time.Now()
-	sctx := ctx
-	if ctx.Err() != nil {
-		rctx := c.releaseContext(ctx)
-		defer rctx.stop()
-		sctx = rctx
-	}
-	const repeats = 5
-	for attempt := 1; attempt <= repeats && sctx.Err() == nil; attempt++ {
-		if attempt > 1 {
-			sleep(sctx, c.opts.Backoff(attempt-1))
-			if sctx.Err() != nil {
-				break
-			}
-		}
-		ls, sent2, err2 := c.attemptAll(sctx, ma, req)
-		sent = sent2
-		switch {
-		case err2 == nil && ctx.Err() != nil:
-			c.releaseAllQuietly(sctx, ls)
-			return nil, sent, errors.Join(context.Cause(ctx), fmt.Errorf("sqllock: acquire of %q settled and released after its context ended", req.Keys))
-		case err2 == nil:
-			return ls, sent, nil
-		case errors.Is(err2, ErrIndeterminate), errors.Is(err2, ErrUnavailable), anonymousHolder(err2), cutByContext(err2):
-			err = errors.Join(ErrIndeterminate, err2)
-		default:
-			return nil, sent, err2 // settled: not ours (or a permanent error)
-		}
-	}
-	return nil, sent, err
-}
-
 func (c *Client) releaseAllQuietly(ctx context.Context, ls []Lease) {
 	var wg sync.WaitGroup
 	for _, l := range ls {
 		wg.Go(func() { c.releaseQuietly(ctx, l) })
 	}
 	wg.Wait()
-}
-
-// waitAll is AcquireAll with a positive wait: Client.wait for a set. It
-// watches the key that refused the last attempt.
-func (c *Client) waitAll(ctx context.Context, ma MultiAcquirer, req MultiAcquireRequest, s settings, wait time.Duration) (*GuardSet, int, error) {
-	wctx := ctx
-	if wait != WaitForever {
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(ctx, wait)
-		defer cancel()
-	}
-	w, _ := c.b.(Watcher)
-	var (
-		wake    <-chan struct{}
-		stop    = func() {}
-		watched string
-	)
-	defer func() { stop() }()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	var last error
-	for attempt := 1; ; attempt++ {
-		actx, acancel := context.WithTimeout(wctx, s.ttl-s.margin)
-		ls, sent, err := c.attemptAll(actx, ma, req)
-		cut := err != nil && actx.Err() != nil && wctx.Err() == nil
-		acancel()
-		if err == nil {
-			set, err := c.holdAll(ctx, ls, sent, s)
-			return set, attempt, err
-		}
-		if cut {
-			err = fmt.Errorf("%w: the attempt took longer than the TTL less the margin: %w", ErrIndeterminate, err)
-		}
-		var he *HeldError
-		switch {
-		case errors.As(err, &he):
-			if w != nil && he.Key != watched {
-				// Watched from now on: a release before this only costs
-				// the sleep below, bounded by the holder's remaining time.
-				stop()
-				wake, stop = w.Watch(he.Key)
-				watched = he.Key
-			}
-		case errors.Is(err, ErrIndeterminate), errors.Is(err, ErrUnavailable):
-			c.log.DebugContext(ctx, "sqllock: acquire attempt of a set failed, retrying", "keys", req.Keys, "owner", req.Owner, "backend", c.opts.BackendName, "attempt", attempt, "err", err)
-		case wctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
-			return nil, attempt, c.waitAllEnded(ctx, wctx, ma, req, cmp.Or(last, err))
-		default:
-			return nil, attempt, err
-		}
-		last = err
-		if wctx.Err() != nil {
-			return nil, attempt, c.waitAllEnded(ctx, wctx, ma, req, err)
-		}
-		d := c.opts.Backoff(attempt)
-		if he != nil && he.Remaining > 0 {
-			d = min(d, he.Remaining)
-		}
-		timer.Reset(max(d, 0))
-		select {
-		case <-wctx.Done():
-			return nil, attempt, c.waitAllEnded(ctx, wctx, ma, req, err)
-		case <-c.closing:
-			return nil, attempt, ErrClosed
-		case <-timer.C:
-		case <-wake:
-			timer.Stop()
-		}
-	}
-}
-
-// waitAllEnded is waitEnded for a set.
-func (c *Client) waitAllEnded(ctx, wctx context.Context, ma MultiAcquirer, req MultiAcquireRequest, last error) error {
-	if errors.Is(last, ErrIndeterminate) {
-		if _, _, err := c.settleAll(wctx, ma, req, last); err != nil {
-			last = err
-		}
-	}
-	if ctx.Err() == nil && wctx.Err() != nil {
-		return errors.Join(last, context.DeadlineExceeded)
-	}
-	return errors.Join(last, context.Cause(ctx))
 }
 
 // holdAll is hold for a set: the Guards of leases ls, granted to one

@@ -146,20 +146,28 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 	if err != nil {
 		return nil, err
 	}
-	return c.tryAcquire(ctx, key, s)
+	return c.acquire(ctx, c.request(key, s), s, 0)
 }
 
-// tryAcquire is TryAcquire after validation: one attempt, an indeterminate
-// outcome settled.
-func (c *Client) tryAcquire(ctx context.Context, key string, s settings) (*Guard, error) {
-	req := c.request(key, s)
+// acquire is TryAcquire, Acquire and AcquirePermit after validation, for
+// one key's request req: with no wait one attempt, an indeterminate outcome
+// settled; with a positive wait (or WaitForever) waiting for the key.
+func (c *Client) acquire(ctx context.Context, req AcquireRequest, s settings, wait time.Duration) (*Guard, error) {
 	start := c.obs.now()
-	var g *Guard
-	l, sent, err := c.try(ctx, req, true)
-	if err == nil {
-		g, err = c.hold(ctx, l, sent, s)
+	a := acquireCall{req: req}
+	var gr grant
+	var err error
+	attempts := 1
+	if wait == 0 {
+		gr, err = c.try(ctx, &a, true)
+	} else {
+		gr, attempts, err = c.wait(ctx, &a, s, wait)
 	}
-	c.obs.acquire(ctx, req, false, start, 1, g, err)
+	var g *Guard
+	if err == nil {
+		g, err = c.hold(ctx, gr.l, gr.sent, s)
+	}
+	c.obs.acquire(ctx, req, wait != 0, start, attempts, g, err)
 	return g, err
 }
 
@@ -184,29 +192,57 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 		return nil, err
 	}
 	if opts == nil || opts.Wait == 0 {
-		return c.tryAcquire(ctx, key, s)
+		return c.acquire(ctx, c.request(key, s), s, 0)
 	}
-	req := c.request(key, s)
-	start := c.obs.now()
-	g, attempts, err := c.wait(ctx, req, s, opts.Wait)
-	c.obs.acquire(ctx, req, true, start, attempts, g, err)
-	return g, err
+	return c.acquire(ctx, c.request(key, s), s, opts.Wait)
 }
 
-// wait is Acquire with a positive wait, after validation: it returns the
-// Guard or the error and the number of attempts made.
-func (c *Client) wait(ctx context.Context, req AcquireRequest, s settings, wait time.Duration) (*Guard, int, error) {
+// acquireCall is one acquire call as the loops that try, wait and settle
+// see it: one key's request (a permit's too), or, with ma set, a set's,
+// sent whole to ma. One loop of each serves both, so that a fix to how an
+// attempt is waited for or settled reaches every acquire.
+type acquireCall struct {
+	req AcquireRequest      // one key's request, when ma is nil
+	all MultiAcquireRequest // a set's request, with ma
+	ma  MultiAcquirer       // the backend, for a set; nil for one key
+}
+
+// grant is what an acquire attempt was granted: one key's lease, or a
+// set's leases, and when its request was sent.
+type grant struct {
+	l    Lease
+	ls   []Lease
+	sent time.Time
+}
+
+// keys names a's key, or a set's keys, in an error.
+func (a *acquireCall) keys() any {
+	if a.ma != nil {
+		return a.all.Keys
+	}
+	return a.req.Key
+}
+
+// wait is an acquire with a positive wait, after validation: it returns
+// the grant or the error and the number of attempts made. A single key is
+// watched from the start; a set's watch follows the key that refused its
+// last attempt.
+func (c *Client) wait(ctx context.Context, a *acquireCall, s settings, wait time.Duration) (grant, int, error) {
 	wctx := ctx
 	if wait != WaitForever {
 		var cancel context.CancelFunc
 		wctx, cancel = context.WithTimeout(ctx, wait)
 		defer cancel()
 	}
-	var wake <-chan struct{}
-	if w, ok := c.b.(Watcher); ok {
-		ch, stop := w.Watch(req.Key)
-		defer stop()
-		wake = ch
+	w, _ := c.b.(Watcher)
+	var (
+		wake    <-chan struct{}
+		stop    = func() {}
+		watched string
+	)
+	defer func() { stop() }()
+	if w != nil && a.ma == nil {
+		wake, stop = w.Watch(a.req.Key)
 	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -220,12 +256,11 @@ func (c *Client) wait(ctx context.Context, req AcquireRequest, s settings, wait 
 		// cut short is indeterminate: the next one, by the same owner,
 		// settles it.
 		actx, acancel := context.WithTimeout(wctx, s.ttl-s.margin)
-		l, sent, err := c.try(actx, req, false)
+		gr, err := c.attempt(actx, a, false)
 		cut := err != nil && actx.Err() != nil && wctx.Err() == nil
 		acancel()
 		if err == nil {
-			g, err := c.hold(ctx, l, sent, s)
-			return g, attempt, err
+			return gr, attempt, nil
 		}
 		if cut {
 			err = fmt.Errorf("%w: the attempt took longer than the TTL less the margin: %w", ErrIndeterminate, err)
@@ -233,16 +268,27 @@ func (c *Client) wait(ctx context.Context, req AcquireRequest, s settings, wait 
 		var he *HeldError
 		switch {
 		case errors.As(err, &he):
+			if a.ma != nil && w != nil && he.Key != watched {
+				// Watched from now on: a release before this only costs
+				// the sleep below, bounded by the holder's remaining time.
+				stop()
+				wake, stop = w.Watch(he.Key)
+				watched = he.Key
+			}
 		case errors.Is(err, ErrIndeterminate), errors.Is(err, ErrUnavailable):
-			c.log.DebugContext(ctx, "sqllock: acquire attempt failed, retrying", "key", req.Key, "owner", req.Owner, "backend", c.opts.BackendName, "attempt", attempt, "err", err)
+			if a.ma != nil {
+				c.log.DebugContext(ctx, "sqllock: acquire attempt of a set failed, retrying", "keys", a.all.Keys, "owner", a.all.Owner, "backend", c.opts.BackendName, "attempt", attempt, "err", err)
+			} else {
+				c.log.DebugContext(ctx, "sqllock: acquire attempt failed, retrying", "key", a.req.Key, "owner", a.req.Owner, "backend", c.opts.BackendName, "attempt", attempt, "err", err)
+			}
 		case wctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
-			return nil, attempt, c.waitEnded(ctx, wctx, req, cmp.Or(last, err))
+			return grant{}, attempt, c.waitEnded(ctx, wctx, a, cmp.Or(last, err))
 		default:
-			return nil, attempt, err
+			return grant{}, attempt, err
 		}
 		last = err
 		if wctx.Err() != nil {
-			return nil, attempt, c.waitEnded(ctx, wctx, req, err)
+			return grant{}, attempt, c.waitEnded(ctx, wctx, a, err)
 		}
 		d := c.opts.Backoff(attempt)
 		if he != nil && he.Remaining > 0 {
@@ -251,9 +297,9 @@ func (c *Client) wait(ctx context.Context, req AcquireRequest, s settings, wait 
 		timer.Reset(max(d, 0))
 		select {
 		case <-wctx.Done():
-			return nil, attempt, c.waitEnded(ctx, wctx, req, err)
+			return grant{}, attempt, c.waitEnded(ctx, wctx, a, err)
 		case <-c.closing:
-			return nil, attempt, ErrClosed
+			return grant{}, attempt, ErrClosed
 		case <-timer.C:
 		case <-wake:
 			timer.Stop() // since Go 1.23 a stopped timer delivers no stale tick
@@ -261,14 +307,14 @@ func (c *Client) wait(ctx context.Context, req AcquireRequest, s settings, wait 
 	}
 }
 
-// waitEnded builds Acquire's error when its wait ends. If the last attempt
-// was indeterminate, it first settles it (see try).
-func (c *Client) waitEnded(ctx, wctx context.Context, req AcquireRequest, last error) error {
+// waitEnded builds an acquire's error when its wait ends. If the last
+// attempt was indeterminate, it first settles it (see try).
+func (c *Client) waitEnded(ctx, wctx context.Context, a *acquireCall, last error) error {
 	if errors.Is(last, ErrIndeterminate) {
 		// wctx has ended: settle with a context of its own, or the first
 		// attempt would not even be sent and a grant that was applied would
 		// hold the key for a whole TTL.
-		if _, _, err := c.settle(wctx, req, last); err != nil {
+		if _, err := c.settle(wctx, a, last); err != nil {
 			last = err
 		}
 	}
@@ -279,13 +325,26 @@ func (c *Client) waitEnded(ctx, wctx context.Context, req AcquireRequest, last e
 	return errors.Join(last, context.Cause(ctx))
 }
 
-// attempt sends one acquire request (settle: a repeat that settles an
-// indeterminate one) and reports it.
-func (c *Client) attempt(ctx context.Context, req AcquireRequest, settle bool) (Lease, time.Time, error) {
+// attempt sends one acquire request of a (settle: a repeat that settles an
+// indeterminate one); one key's is reported.
+func (c *Client) attempt(ctx context.Context, a *acquireCall, settle bool) (grant, error) {
+	if a.ma != nil {
+		ls, sent, err := c.attemptAll(ctx, a.ma, a.all)
+		return grant{ls: ls, sent: sent}, err
+	}
 	sent := time.Now()
-	l, err := c.send(ctx, req)
-	c.obs.acquireAttempt(ctx, req, settle, sent, l, err)
-	return l, sent, err
+	l, err := c.send(ctx, a.req)
+	c.obs.acquireAttempt(ctx, a.req, settle, sent, l, err)
+	return grant{l: l, sent: sent}, err
+}
+
+// releaseQuietlyGrant releases what an attempt of a was granted.
+func (c *Client) releaseQuietlyGrant(ctx context.Context, a *acquireCall, gr grant) {
+	if a.ma != nil {
+		c.releaseAllQuietly(ctx, gr.ls)
+		return
+	}
+	c.releaseQuietly(ctx, gr.l)
 }
 
 // hold hands out the Guard of lease l, granted to an acquire request sent
@@ -333,21 +392,21 @@ var afterHold func(*Client)
 
 // try makes one acquire attempt. With settle set, an indeterminate outcome
 // is settled (see settle).
-func (c *Client) try(ctx context.Context, req AcquireRequest, settle bool) (Lease, time.Time, error) {
-	l, sent, err := c.attempt(ctx, req, false)
+func (c *Client) try(ctx context.Context, a *acquireCall, settle bool) (grant, error) {
+	gr, err := c.attempt(ctx, a, false)
 	if err == nil || !settle || !errors.Is(err, ErrIndeterminate) {
-		return l, sent, err
+		return gr, err
 	}
-	return c.settle(ctx, req, err)
+	return c.settle(ctx, a, err)
 }
 
 // settle settles an acquire whose outcome err was indeterminate by
 // repeating the same request (same owner) a few times: the backend returns
-// the grant if the lost attempt was applied. If ctx has ended (before or
-// meanwhile), the repeats run under a context of their own bounded by
-// ReleaseTimeout, and a grant they find is released at once and the
-// context's error returned, so no orphan lease outlives the call.
-func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lease, time.Time, error) {
+// the grant (a set's whole) if the lost attempt was applied. If ctx has
+// ended (before or meanwhile), the repeats run under a context of their
+// own bounded by ReleaseTimeout, and a grant they find is released at once
+// and the context's error returned, so no orphan lease outlives the call.
+func (c *Client) settle(ctx context.Context, a *acquireCall, err error) (grant, error) {
 	sent := time.Now()
 	sctx := ctx
 	if ctx.Err() != nil {
@@ -363,21 +422,21 @@ func (c *Client) settle(ctx context.Context, req AcquireRequest, err error) (Lea
 				break
 			}
 		}
-		l, sent2, err2 := c.attempt(sctx, req, true)
-		sent = sent2
+		gr, err2 := c.attempt(sctx, a, true)
+		sent = gr.sent
 		switch {
 		case err2 == nil && ctx.Err() != nil:
-			c.releaseQuietly(sctx, l)
-			return Lease{}, sent, errors.Join(context.Cause(ctx), fmt.Errorf("sqllock: acquire of %q settled and released after its context ended", req.Key))
+			c.releaseQuietlyGrant(sctx, a, gr)
+			return grant{sent: sent}, errors.Join(context.Cause(ctx), fmt.Errorf("sqllock: acquire of %q settled and released after its context ended", a.keys()))
 		case err2 == nil:
-			return l, sent, nil
+			return gr, nil
 		case errors.Is(err2, ErrIndeterminate), errors.Is(err2, ErrUnavailable), anonymousHolder(err2), cutByContext(err2):
 			err = errors.Join(ErrIndeterminate, err2)
 		default:
-			return Lease{}, sent, err2 // settled: not ours (or a permanent error)
+			return grant{sent: sent}, err2 // settled: not ours (or a permanent error)
 		}
 	}
-	return Lease{}, sent, err
+	return grant{sent: sent}, err
 }
 
 // anonymousHolder reports whether err is a refusal that names no holder

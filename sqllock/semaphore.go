@@ -38,19 +38,10 @@ func (c *Client) AcquirePermit(ctx context.Context, key string, n int, opts *Acq
 	if _, ok := c.b.(PermitAcquirer); !ok {
 		return nil, &UnsupportedError{Backend: c.opts.BackendName, What: "semaphores", Need: "sqllock.PermitAcquirer"}
 	}
-	start := c.obs.now()
 	if opts == nil || opts.Wait == 0 {
-		var g *Guard
-		l, sent, err := c.try(ctx, req, true)
-		if err == nil {
-			g, err = c.hold(ctx, l, sent, s)
-		}
-		c.obs.acquire(ctx, req, false, start, 1, g, err)
-		return g, err
+		return c.acquire(ctx, req, s, 0)
 	}
-	g, attempts, err := c.wait(ctx, req, s, opts.Wait)
-	c.obs.acquire(ctx, req, true, start, attempts, g, err)
-	return g, err
+	return c.acquire(ctx, req, s, opts.Wait)
 }
 
 // send sends one acquire request to the backend: a permit acquire when
