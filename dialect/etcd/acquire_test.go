@@ -3,6 +3,7 @@ package etcd
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,10 +132,12 @@ func TestAcquireKeepAliveFailed(t *testing.T) {
 	b, calls, _ := counted(t)
 	ctx := testCtx(t)
 	spare := spareFor(t, b, "first", 9*time.Second)
+	var keptAlive atomic.Bool // the acquire sent the spare's keep-alive
 	calls.SetKeepAlive(func(id int64) int64 {
 		if id != int64(spare) {
 			return 0
 		}
+		keptAlive.Store(true)
 		for range 200 {
 			if holderLease(t, b, "k") == spare {
 				break
@@ -149,6 +152,9 @@ func TestAcquireKeepAliveFailed(t *testing.T) {
 	})
 	req := sqllock.AcquireRequest{Key: "k", TTL: 9 * time.Second, Owner: "o"}
 	l, err := b.TryAcquire(ctx, req)
+	// The premise first: an acquire that did not take the spare (a lease
+	// of its own, no keep-alive) says nothing about a failed keep-alive.
+	require.True(t, keptAlive.Load(), "the acquire did not take spare %x (holder lease %x, err %v)", spare, holderLease(t, b, "k"), err)
 	require.ErrorIs(t, err, sqllock.ErrUnavailable, "reported %+v", l)
 	calls.SetKeepAlive(nil)
 	before := time.Now()
