@@ -204,9 +204,10 @@ const maxRenewRun = 8
 // queue in two first-come-first-served lines, renewals and the others
 // (acquires, releases); when the holder gives the slot up it hands it to
 // the oldest waiting renewal, unless maxRenewRun renewals have taken it in
-// a row while another waited: then to the oldest other. So an acquire or a
-// release waits at most for the writes queued before it plus maxRenewRun
-// renewals each time it reaches the head of its line: it never starves.
+// a row while another waited: then to the oldest other. So while an
+// acquire or a release waits, at most maxRenewRun renewals take the slot
+// between two others: it waits for the others queued before it and at most
+// maxRenewRun renewals per other, and never starves.
 // (Renewals are few anyway: one per held lease per renewal interval, and
 // the client batches them.) A hand-off happens under mu, so the slot has
 // exactly one holder or none; a waiter whose context ends after being
