@@ -36,7 +36,7 @@ type Backend struct {
 	acquireAllSQL                                                   string // multi.go
 
 	retryTimeout time.Duration
-	writeSlot    chan struct{} // one write statement at a time per Backend
+	writeSlot    writeSlot // one write statement at a time per Backend, renewals first
 
 	stmtMu sync.Mutex
 	stmts  map[string]*sql.Stmt // prepared lazily (the table may not exist yet)
@@ -203,7 +203,6 @@ func newBackend(db *sql.DB, o Options, owned bool) *Backend {
 		owned:        owned,
 		table:        o.Table,
 		retryTimeout: o.RetryTimeout,
-		writeSlot:    make(chan struct{}, 1),
 		stmts:        make(map[string]*sql.Stmt),
 	}
 	b.renderQueries(nowMS)

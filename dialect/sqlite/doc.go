@@ -43,8 +43,10 @@
 // context ends, whichever is first; then it returns an error matching
 // [sqllock.ErrUnavailable]. A raw SQLITE_BUSY never reaches the caller. The
 // backend sends at most one write at a time per process (a semaphore), so
-// its own goroutines queue in Go, first come first served, instead of
-// fighting in SQLite's busy handler.
+// its own goroutines queue in Go instead of fighting in SQLite's busy
+// handler: renewals first (a waiting renewal passes waiting acquires and
+// releases, at most 8 in a row, so that held leases are not lost behind a
+// flood of acquires), otherwise first come first served.
 //
 // # Outcomes are never indeterminate, except after an I/O error
 //

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"container/list"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -174,7 +175,12 @@ func keyState(found bool, token int64, held bool, deadline, now int64, owner str
 const lite = outcome.Dialect("sqllock/sqlite")
 
 // write runs op, one attempt of an operation that writes, holding the
-// Backend's write slot, retrying while the database is busy.
+// Backend's write slot, retrying while the database is busy. Renewals
+// (o == outcome.Renew: TryRenew and TryRenewBatch) take the slot before
+// any waiting acquire or release, so that a flood of acquires cannot make
+// held leases expire; see writeSlot for why acquires still progress. A
+// context that ends while the operation waits for the slot yields the
+// not-sent error, as before.
 func (b *Backend) write(ctx context.Context, o outcome.Op, key string, op func(context.Context) error) error {
 	if b.closed.Load() {
 		return errClosed
@@ -182,13 +188,102 @@ func (b *Backend) write(ctx context.Context, o outcome.Op, key string, op func(c
 	if ctx.Err() != nil {
 		return lite.NotSent(o, key, true, context.Cause(ctx))
 	}
-	select {
-	case b.writeSlot <- struct{}{}:
-	case <-ctx.Done():
+	renewal := o == outcome.Renew
+	if !b.writeSlot.take(ctx, renewal) {
 		return lite.NotSent(o, key, true, context.Cause(ctx))
 	}
-	defer func() { <-b.writeSlot }()
+	defer b.writeSlot.give()
 	return b.retry(ctx, b.retryTimeout, op)
+}
+
+// maxRenewRun is how many renewals in a row may take the write slot while
+// an acquire or release waits; then the oldest of those goes first.
+const maxRenewRun = 8
+
+// writeSlot lets one write statement run at a time per Backend. Waiters
+// queue in two first-come-first-served lines, renewals and the others
+// (acquires, releases); when the holder gives the slot up it hands it to
+// the oldest waiting renewal, unless maxRenewRun renewals have taken it in
+// a row while another waited: then to the oldest other. So while an
+// acquire or a release waits, at most maxRenewRun renewals take the slot
+// between two others: it waits for the others queued before it and at most
+// maxRenewRun renewals per other, and never starves.
+// (Renewals are few anyway: one per held lease per renewal interval, and
+// the client batches them.) A hand-off happens under mu, so the slot has
+// exactly one holder or none; a waiter whose context ends after being
+// handed the slot gives it on. The zero value is a free slot.
+type writeSlot struct {
+	mu       sync.Mutex
+	held     bool
+	renewals list.List // of *slotWaiter
+	others   list.List // of *slotWaiter
+	run      int       // renewals in a row handed the slot while others waited
+}
+
+// slotWaiter is one goroutine waiting for the write slot.
+type slotWaiter struct {
+	granted chan struct{} // closed when the slot is handed over
+	elem    *list.Element // in its line until then
+	line    *list.List
+}
+
+// take waits for the slot and reports whether the caller holds it; false
+// when ctx ended first (the caller then does not hold it).
+func (s *writeSlot) take(ctx context.Context, renewal bool) bool {
+	s.mu.Lock()
+	if !s.held {
+		s.held = true
+		s.mu.Unlock()
+		return true
+	}
+	w := &slotWaiter{granted: make(chan struct{}), line: &s.others}
+	if renewal {
+		w.line = &s.renewals
+	}
+	w.elem = w.line.PushBack(w)
+	s.mu.Unlock()
+	select {
+	case <-w.granted:
+		return true
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w.elem == nil { // handed the slot as ctx ended: give it on
+		s.handOff()
+		return false
+	}
+	w.line.Remove(w.elem)
+	return false
+}
+
+// give releases the slot the caller holds.
+func (s *writeSlot) give() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.handOff()
+}
+
+// handOff passes the held slot to the next waiter, or frees it. s.mu is
+// held.
+func (s *writeSlot) handOff() {
+	line := &s.others
+	switch {
+	case s.renewals.Len() > 0 && (s.others.Len() == 0 || s.run < maxRenewRun):
+		line = &s.renewals
+		s.run++
+		if s.others.Len() == 0 {
+			s.run = 0
+		}
+	case s.others.Len() > 0:
+		s.run = 0
+	default:
+		s.held, s.run = false, 0
+		return
+	}
+	w := line.Remove(line.Front()).(*slotWaiter)
+	w.elem = nil
+	close(w.granted)
 }
 
 // read runs op, a read-only attempt, retrying while the database is busy.
