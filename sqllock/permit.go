@@ -40,7 +40,11 @@ import (
 //   - If a permit of K is held, unexpired, by req.Owner, the request is a
 //     retry of an acquire whose reply was lost: that grant is returned
 //     again, same key and token, its deadline extended to now + TTL, and
-//     no other permit is taken.
+//     no other permit is taken. (On PostgreSQL, whose permit acquire
+//     skips locked rows, a retry sent while the first attempt's commit
+//     still holds its row, a synchronous standby's wait for example,
+//     takes another permit; the first stays the owner's, unused, until
+//     its TTL ends: one permit fewer for a TTL, never more than N.)
 //   - A refusal (every permit held, unexpired, by others) locks nothing
 //     and writes nothing; its error is a [*PermitsHeldError] (matching
 //     [ErrNotAcquired]) with every holder and the soonest end, read in

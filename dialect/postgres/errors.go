@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +27,21 @@ func (b *Backend) translate(ctx context.Context, o outcome.Op, key string, err e
 		return fmt.Errorf("%s: %w: %w: the server answered that it committed, but perhaps without waiting for the synchronous standbys "+
 			"(PostgreSQL commits locally and only warns when that wait is cancelled), so a failover may lose it", prefix, o.Unknown(), ue)
 	}
+	if o == outcome.Commit {
+		// Only the server's answer that the COMMIT failed (an ERROR: it
+		// rolled back) is a known outcome. A COMMIT that waits for a
+		// synchronous standby has committed locally, and a server that
+		// ends the session meanwhile (pg_terminate_backend, pg_ctl stop
+		// -m immediate in a failover: FATAL 57P01) answers with that;
+		// pgx may then report the connection closed, which it calls
+		// safe to retry; and a COMMIT that failed with the context may
+		// have been applied too (pgx#2110). None of them says the commit
+		// was not applied.
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || sessionEnded(pgErr) {
+			return fmt.Errorf("%s: %w: the session ended around the commit, which may have been applied: %w",
+				prefix, sqllock.ErrIndeterminate, err)
+		}
+	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		// The server answered: the statement failed and was rolled back
 		// (a failed COMMIT too), so the outcome is known.
@@ -33,12 +49,6 @@ func (b *Backend) translate(ctx context.Context, o outcome.Op, key string, err e
 	}
 	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
 		return fmt.Errorf("%s: %w: cannot connect to the database: %w", prefix, sqllock.ErrUnavailable, err)
-	}
-	if o == outcome.Commit && ctx.Err() != nil {
-		// pgx#2110: a COMMIT that failed with the context may have been
-		// applied; never claim otherwise.
-		return fmt.Errorf("%s: %w: the context ended around the commit, which may have been applied: %w",
-			prefix, sqllock.ErrIndeterminate, err)
 	}
 	if pgconn.SafeToRetry(err) {
 		return pg.NotSent(o, key, ctx.Err() != nil, err)
@@ -80,4 +90,12 @@ func translatePg(ctx context.Context, prefix, table string, pgErr *pgconn.PgErro
 		return fmt.Errorf("%s: %w: %w", prefix, sqllock.ErrUnavailable, err)
 	}
 	return fmt.Errorf("%s: %w", prefix, err)
+}
+
+// sessionEnded reports a server error that ends the session (FATAL or
+// PANIC, or a shutdown: class 57P) rather than reporting a statement's
+// failure.
+func sessionEnded(pgErr *pgconn.PgError) bool {
+	severity := cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity) // SeverityUnlocalized: PostgreSQL >= 9.6
+	return severity == "FATAL" || severity == "PANIC" || strings.HasPrefix(pgErr.Code, "57P")
 }

@@ -54,13 +54,22 @@ func (b *Backend) TryAcquirePermit(ctx context.Context, req sqllock.PermitReques
 	if b.watched(req.Key) {
 		q = b.permit.acquireWait
 	}
+	args := []any{req.Key, leaseMicros(req.TTL), req.Owner, nonEmpty(req.Value), req.Permits}
 	var r permitRow
-	err = b.queryRow(ctx, q, []any{req.Key, leaseMicros(req.TTL), req.Owner, nonEmpty(req.Value), req.Permits},
-		&r.key, &r.token, &r.deadline, &r.now, &r.permits, &r.free, &r.exhausted, &r.holders)
-	if err != nil {
-		return sqllock.Lease{}, b.translate(ctx, outcome.Acquire, req.Key, err)
+	for attempt := 1; ; attempt++ {
+		err = b.queryRow(ctx, q, args, &r.key, &r.token, &r.deadline, &r.now, &r.permits, &r.free, &r.exhausted, &r.holders)
+		if err != nil {
+			return sqllock.Lease{}, b.translate(ctx, outcome.Acquire, req.Key, err)
+		}
+		// permits = 0: the statement found no semaphore, and its insert
+		// of the limit waited for a concurrent first grant's and did
+		// nothing. That grant has committed by then, so the statement
+		// sent once more finds the semaphore and its free permits,
+		// instead of reporting N held permits on first use.
+		if r.key != "" || r.permits != 0 || attempt == 2 {
+			return permitted(req, r)
+		}
 	}
-	return permitted(req, r)
 }
 
 // permitRow is what queries/permit_acquire.sql returns.

@@ -89,6 +89,46 @@ func TestPermitSkipsLockedRows(t *testing.T) {
 	permitOK(t, b, "sem", 2, "third")
 }
 
+// TestPermitFirstUseRace: two first grants of one semaphore at once. The
+// first, in a transaction held open, has created the semaphore; the
+// second's insert of the limit waits for it and, once it commits, does
+// nothing. The second still gets one of the free permits, not a refusal
+// that says every permit is held.
+func TestPermitFirstUseRace(t *testing.T) {
+	t.Parallel()
+	bundle := newBundle(t, Options{})
+	b := bundle.backend
+	ctx := testCtx(t)
+	tx, err := bundle.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	var r permitRow
+	require.NoError(t, tx.QueryRow(ctx, b.permit.acquire, "sem", int64(60_000_000), "first", nil, 3).
+		Scan(&r.key, &r.token, &r.deadline, &r.now, &r.permits, &r.free, &r.exhausted, &r.holders))
+	require.Equal(t, sqllock.PermitKey("sem", 1), r.key)
+
+	type result struct {
+		l   sqllock.Lease
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := b.TryAcquirePermit(ctx, sqllock.PermitRequest{
+			AcquireRequest: sqllock.AcquireRequest{Key: "sem", TTL: time.Hour, Owner: "second"}, Permits: 3})
+		done <- result{l, err}
+	}()
+	// The second statement is waiting on the first's uncommitted limit row.
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := bundle.db.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()").Scan(&waiting)
+		return err == nil && waiting > 0
+	}, 10*time.Second, 5*time.Millisecond, "the second grant never waited for the first")
+	require.NoError(t, tx.Commit(ctx))
+	got := <-done
+	require.NoError(t, got.err, "a semaphore with 2 free permits refused its second first-use grant")
+	require.Equal(t, sqllock.PermitKey("sem", 2), got.l.Key)
+}
+
 // TestPermitNeedsLatestSchema: on a table before migration 00005 a permit
 // acquire is refused, naming the migration, and sends nothing but the
 // schema read.
