@@ -439,6 +439,9 @@ func TestLogRecords(t *testing.T) {
 		require.NoError(t, tb.mem.Release(t.Context(), sqllock.Lease{Key: l.Key, Token: l.Token, Owner: "operator"}))
 		<-g.Done()
 		require.ErrorIs(t, g.Release(t.Context()), sqllock.ErrLeaseLost)
+		// The loss is logged by the goroutine that ended the Guard, which
+		// may not have written it yet when Done is closed.
+		synctest.Wait()
 
 		recs := buf.records(t)
 		require.Len(t, recs, 2, "%v", recs)
