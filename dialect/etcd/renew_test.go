@@ -188,7 +188,7 @@ func TestRenewalsRacingExpiry(t *testing.T) {
 	if _, err := etcdserver.FindBinary(); err != nil {
 		etcdtest.Unavailable(t, err.Error())
 	}
-	run := 3 * time.Second
+	run := 8 * time.Second
 	if os.Getenv("SQLLOCK_LONG") == "1" {
 		run = 30 * time.Second
 	}
