@@ -48,10 +48,11 @@ Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
      supervising process (sqllock itself) starts COMMAND in its own process
      group, learns every renewed local deadline, and SIGKILLs the group at
      it. While renewals fail it sends SIGTERM first, --grace before the
-     deadline (at most half the TTL; at once if less is left), and at once
+     deadline (at most a third of the TTL; at once if less is left), and at once
      if sqllock dies. A loss that is already final ("sqllock release
-     --force", a newer token) stops COMMAND at once: SIGTERM, SIGKILL after
-     --grace; only then can COMMAND overlap the next holder. sqllock exits
+     --force", a newer token) stops COMMAND once the next renewal finds it
+     (at most a third of the TTL later): SIGTERM, SIGKILL after --grace;
+     only then can COMMAND overlap the next holder. sqllock exits
      76 when COMMAND was stopped. Signals reach the processes COMMAND
      started too (forwarded signals go to the group as well, followed by
      SIGCONT so that a stopped process acts on them); on Linux also those

@@ -28,7 +28,7 @@ import (
 //     COMMAND's process group (and on Linux every other descendant: it is a
 //     child subreaper, so no child of COMMAND escapes to init);
 //   - once the deadline is nearer than the renewals leave it when they work
-//     (half the TTL), or sqllock is gone (the pipe's end of file; on Linux
+//     (a third of the TTL), or sqllock is gone (the pipe's end of file; on Linux
 //     also a parent-death signal), it sends SIGTERM first, --grace before the
 //     deadline at the latest, so COMMAND can stop gracefully and has stopped
 //     before the database can grant the key again;
