@@ -33,6 +33,7 @@ type supervised struct {
 	reports chan []string // the report pipe's lines; closed at its end
 	sent    time.Time     // the last local deadline sent
 	tty     int           // the terminal COMMAND's group got, or -1
+	pid     int           // COMMAND's, which is also its process group's
 	// What the supervisor reported.
 	started, notStarted, exited bool
 	startErr                    string
@@ -80,6 +81,10 @@ func (e *env) startSupervisor(t tenure, f runFlags) (*supervised, error) {
 		return nil, fail(ExitCannotExec, "start the supervisor of %s: %v", f.commandRaw, err)
 	}
 	s.cmd, s.ctl = cmd, ctlW
+	// sqllock is a child subreaper too (on Linux): should the supervisor
+	// be killed, what COMMAND started is orphaned to sqllock, which
+	// stops it (stopRemains) before it gives the lease up.
+	becomeSubreaper()
 	go func() {
 		defer close(s.reports)
 		defer repR.Close()
@@ -141,6 +146,7 @@ func (s *supervised) handle(r []string) string {
 	switch r[0] {
 	case "started":
 		s.started = true
+		s.pid, _ = strconv.Atoi(arg)
 	case "notstarted":
 		s.notStarted = true
 	case "error":
@@ -201,11 +207,48 @@ func (e *env) supervise(t tenure, f runFlags, sigs <-chan os.Signal) (retErr err
 	case s.startErr != "":
 		return fail(ExitCannotExec, "start %s: %s", f.commandRaw, s.startErr)
 	case !s.exited:
+		// The supervisor was killed. COMMAND got its parent-death
+		// signal (Linux); what it started did not: stop it before the
+		// lease is given up, or the next holder would run beside it.
+		if !stopRemains(s.pid, t.deadline()) {
+			e.errorf("%s: the process supervising %s ended without its status (%v); processes of %s were still running at the lease's local deadline",
+				name, f.commandRaw, waitErr, f.commandRaw)
+			return silentExit(ExitFailure)
+		}
 		e.errorf("%s: the process supervising %s ended without its status (%v); %s was killed with it",
 			name, f.commandRaw, waitErr, f.commandRaw)
 		return silentExit(ExitFailure)
 	}
 	return e.commandOutcome(s, t, f, lost)
+}
+
+// stopRemains SIGKILLs what is left of COMMAND once its supervisor has
+// ended without reporting COMMAND's exit: COMMAND's process group (pgid;
+// 0: COMMAND never started) and, on Linux, where sqllock is a child
+// subreaper, every descendant orphaned to sqllock (a process COMMAND
+// started in a session of its own included), reaping them, until none is
+// left or until passes. It reports whether none is left. sqllock's only
+// other child, the supervisor, has been waited for.
+func stopRemains(pgid int, until time.Time) bool {
+	for {
+		left := false
+		if pgid > 0 && syscall.Kill(-pgid, syscall.SIGKILL) == nil {
+			left = true
+		}
+		for _, p := range children() {
+			left = true
+			_ = syscall.Kill(p, syscall.SIGKILL)
+			var ws syscall.WaitStatus
+			_, _ = syscall.Wait4(p, &ws, syscall.WNOHANG, nil)
+		}
+		if !left {
+			return true
+		}
+		if !time.Now().Before(until) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // feedSupervisor feeds the supervisor until it has exited: renewed local

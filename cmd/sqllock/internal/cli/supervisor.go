@@ -109,6 +109,12 @@ type supervisor struct {
 
 // superviseMain is the supervisor's main; it returns its exit status.
 func superviseMain(cfgJSON string) int {
+	// The pipes stay with the supervisor: a process of COMMAND's that
+	// held the report pipe open would keep sqllock from seeing the
+	// supervisor's end, and one that read the control pipe would take its
+	// deadlines.
+	syscall.CloseOnExec(supervisorControlFD)
+	syscall.CloseOnExec(supervisorReportFD)
 	s := &supervisor{report: os.NewFile(supervisorReportFD, "report")}
 	if err := json.Unmarshal([]byte(cfgJSON), &s.cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "sqllock supervisor: bad configuration: %v\n", err)
