@@ -29,8 +29,9 @@ type Backend struct {
 	prefix string
 	maxOps int // operations per transaction, at most
 
-	mu      sync.Mutex            // guards seen, spares, granted, warming
+	mu      sync.Mutex            // guards seen, sems, spares, granted, warming
 	seen    map[string]seenRecord // the last token record seen per key; a hint only
+	sems    semCache              // semaphores' limits and owners seen; hints only
 	spares  map[int64][]spare     // keyless etcd leases for reuse, by granted TTL (seconds)
 	granted map[int64]int64       // requested TTL → the TTL etcd granted for it (seconds)
 	warming map[int64]bool        // requested TTLs whose spares are being granted (see warm)
@@ -394,6 +395,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 // was prev, when this Backend last saw seen of its key.
 func (b *Backend) released(l sqllock.Lease, seen seenRecord, prev []*mvccpb.KeyValue) {
 	b.rememberLease(l.Key, l.Token, 0, time.Time{})
+	b.releasedPermit(l)
 	// The etcd lease is left without a key: kept for reuse (its TTL
 	// period began no earlier than l's BackendTime), else it expires by
 	// itself; a revoke would cost a raft write for nothing. Not when l's
