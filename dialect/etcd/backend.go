@@ -44,8 +44,9 @@ type Backend struct {
 }
 
 var (
-	_ sqllock.Backend = (*Backend)(nil)
-	_ sqllock.Watcher = (*Backend)(nil)
+	_ sqllock.Backend       = (*Backend)(nil)
+	_ sqllock.Watcher       = (*Backend)(nil)
+	_ sqllock.MultiAcquirer = (*Backend)(nil)
 )
 
 // New returns a Backend that keeps its keys under opts.Prefix in the etcd
