@@ -326,9 +326,19 @@ func (b *Backend) forgetPermit(sem, owner string) {
 	}
 }
 
-// releasedPermit forgets that l's owner holds a permit, when l is one.
+// releasedPermit, when l is a permit's lease, forgets that l's owner
+// holds a permit, and notes the permit free: the next acquire's chain
+// tries it first.
 func (b *Backend) releasedPermit(l sqllock.Lease) {
-	if sem, _, ok := sqllock.ParsePermitKey(l.Key); ok {
-		b.forgetPermit(sem, l.Owner)
+	sem, _, ok := sqllock.ParsePermitKey(l.Key)
+	if !ok {
+		return
+	}
+	b.forgetPermit(sem, l.Owner)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r, ok := b.seen[l.Key]; ok && r.token == l.Token {
+		r.held = false
+		b.seen[l.Key] = r
 	}
 }

@@ -194,3 +194,29 @@ func TestSetsOverlapAcrossBackends(t *testing.T) {
 	wg.Wait()
 	require.Positive(t, grants)
 }
+
+// TestClientSettlesIndeterminateSet: through sqllock.Client, a set whose
+// reply is lost is settled by the client's repeat into one GuardSet with
+// the tokens granted, released together.
+func TestClientSettlesIndeterminateSet(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	c, err := sqllock.New(b, sqllock.Options{})
+	require.NoError(t, err)
+	defer c.Close(ctx)
+	loseReply(b, calls, "Txn", 1, nil)
+	set, err := c.AcquireAll(ctx, []string{"b", "a", "c"}, &sqllock.AcquireOptions{TTL: 10 * time.Second})
+	require.NoError(t, err)
+	for _, k := range []string{"a", "b", "c"} {
+		require.Equal(t, int64(1), set.Guard(k).Token(), "%s: one tenure", k)
+	}
+	require.NoError(t, set.Release(ctx))
+	all, err := b.List(ctx, "")
+	require.NoError(t, err)
+	require.Len(t, all, 3)
+	for _, i := range all {
+		require.False(t, i.Held, "%s", i.Key)
+		require.Equal(t, int64(1), i.Token, "%s", i.Key)
+	}
+}

@@ -167,3 +167,30 @@ func TestPermitTokensAcrossBackends(t *testing.T) {
 	}
 	require.Len(t, last, 2)
 }
+
+// TestClientSettlesIndeterminatePermit: through sqllock.Client, a permit
+// acquire whose reply is lost is settled by the client's repeat into one
+// Guard on the permit granted: one permit taken, one tenure.
+func TestClientSettlesIndeterminatePermit(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	c, err := sqllock.New(b, sqllock.Options{})
+	require.NoError(t, err)
+	defer c.Close(ctx)
+	// The Backend knows the semaphore: its next acquire is the chain alone,
+	// with no read of the limit that would show the lost grant.
+	g, err := c.AcquirePermit(ctx, "sem", 2, &sqllock.AcquireOptions{TTL: 10 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, g.Release(ctx))
+	loseReply(b, calls, "Txn", 1, nil)
+	g, err = c.AcquirePermit(ctx, "sem", 2, &sqllock.AcquireOptions{TTL: 10 * time.Second})
+	require.NoError(t, err)
+	require.Equal(t, sqllock.PermitKey("sem", 1), g.Key())
+	require.Equal(t, int64(2), g.Token())
+	held := heldPermits(t, b, "sem")
+	require.Len(t, held, 1, "the repeat took no second permit")
+	require.Equal(t, g.Token(), held[g.Key()].Token)
+	require.NoError(t, g.Release(ctx))
+	require.Empty(t, heldPermits(t, b, "sem"))
+}
