@@ -60,7 +60,9 @@ func benchRace(b *testing.B, g, n, keys int, cs []*benchContender) {
 // random keys with the release of its leases sent at once. Metrics:
 // pairs/s of the single key, and for each other contender its pairs/s and
 // its ratio (the single key's rate over its own: its cost in single-key
-// pairs; targets: 1.2 for a permit, 1.5 for a set of 4). Run:
+// pairs; targets: 1.2 for a permit, 1.5 for a set of 4), and
+// set4_acquire_ratio, the mean latency of a set's TryAcquireAll alone
+// over a single pair's (its four releases aside). Run:
 // SQLLOCK_REQUIRE_ETCD=1 go test -run '^$' -bench BenchmarkPermitAndSetPair -benchtime 400x ./dialect/etcd
 func BenchmarkPermitAndSetPair(b *testing.B) {
 	for _, g := range []int{1, 4, 16} {
@@ -93,6 +95,17 @@ func BenchmarkPermitAndSetPair(b *testing.B) {
 					return be.Release(ctx, l)
 				}})
 			}
+			// The latencies of the single pairs and of the sets' acquires
+			// alone: a set's acquire against a pair (its releases aside).
+			var pairNs, pairs, setAcqNs, setAcqs atomic.Int64
+			run := single.run
+			single.run = func(ctx context.Context, key, owner string) error {
+				start := time.Now()
+				err := run(ctx, key, owner)
+				pairNs.Add(int64(time.Since(start)))
+				pairs.Add(1)
+				return err
+			}
 			cs = append(cs, &benchContender{name: "set4", run: func(ctx context.Context, key, owner string) error {
 				at := strings.LastIndexByte(key, '/')
 				i, _ := strconv.Atoi(key[at+1:])
@@ -100,7 +113,10 @@ func BenchmarkPermitAndSetPair(b *testing.B) {
 				for j := range keys {
 					keys[j] = fmt.Sprintf("%s/%d", key[:at], (i+j*2500)%10_000)
 				}
+				start := time.Now()
 				ls, err := be.TryAcquireAll(ctx, sqllock.MultiAcquireRequest{Keys: keys, TTL: time.Minute, Owner: owner})
+				setAcqNs.Add(int64(time.Since(start)))
+				setAcqs.Add(1)
 				if errors.Is(err, sqllock.ErrNotAcquired) {
 					return nil
 				}
@@ -119,6 +135,10 @@ func BenchmarkPermitAndSetPair(b *testing.B) {
 			for _, c := range cs {
 				c.time = 0
 			}
+			pairNs.Store(0)
+			pairs.Store(0)
+			setAcqNs.Store(0)
+			setAcqs.Store(0)
 			b.ResetTimer()
 			benchRace(b, g, b.N, 10_000, cs)
 			rate := func(c *benchContender) float64 { return float64(b.N) / c.time.Seconds() }
@@ -127,6 +147,8 @@ func BenchmarkPermitAndSetPair(b *testing.B) {
 				b.ReportMetric(rate(c), c.name+"_pairs/s")
 				b.ReportMetric(rate(single)/rate(c), c.name+"_ratio")
 			}
+			mean := func(ns, n *atomic.Int64) float64 { return float64(ns.Load()) / float64(n.Load()) }
+			b.ReportMetric(mean(&setAcqNs, &setAcqs)/mean(&pairNs, &pairs), "set4_acquire_ratio")
 		})
 	}
 }
