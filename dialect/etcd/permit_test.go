@@ -3,6 +3,8 @@ package etcd
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -193,4 +195,63 @@ func TestClientSettlesIndeterminatePermit(t *testing.T) {
 	require.Equal(t, g.Token(), held[g.Key()].Token)
 	require.NoError(t, g.Release(ctx))
 	require.Empty(t, heldPermits(t, b, "sem"))
+}
+
+// TestPermitsAcrossBackendsNeverExceedLimit: goroutines on Backends of
+// their own (processes, as far as etcd can tell), each with hints the
+// others make stale, take and release permits of one semaphore: never more
+// than N counted in at once (each counts itself in from its grant's return
+// to just before its release: inside its tenure at etcd), every permit's
+// token strictly increasing, and no permit left held at the end.
+func TestPermitsAcrossBackendsNeverExceedLimit(t *testing.T) {
+	t.Parallel()
+	first := newBundle(t).backend
+	ctx := testCtx(t)
+	const n, backends, workers, rounds = 3, 3, 3, 12
+	var in, peak, grants, unavailable atomic.Int64
+	var mu sync.Mutex
+	tokens := map[string]int64{}
+	var wg sync.WaitGroup
+	for bi := range backends {
+		b, err := New(first.cli, Options{Prefix: first.Prefix()})
+		require.NoError(t, err)
+		for w := range workers {
+			wg.Go(func() {
+				for r := range rounds {
+					l, err := b.TryAcquirePermit(ctx, permitReq("sem", n, fmt.Sprintf("b%d-w%d-%d", bi, w, r)))
+					if errors.Is(err, sqllock.ErrUnavailable) {
+						unavailable.Add(1) // the semaphore changed under every attempt
+						continue
+					}
+					if errors.Is(err, sqllock.ErrNotAcquired) {
+						continue
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					grants.Add(1)
+					c := in.Add(1)
+					for p := peak.Load(); c > p && !peak.CompareAndSwap(p, c); p = peak.Load() {
+					}
+					mu.Lock()
+					if l.Token <= tokens[l.Key] {
+						t.Errorf("%s: token %d after %d", l.Key, l.Token, tokens[l.Key])
+					}
+					tokens[l.Key] = l.Token
+					mu.Unlock()
+					time.Sleep(time.Millisecond)
+					in.Add(-1)
+					if err := b.Release(ctx, l); err != nil {
+						t.Error(err)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	require.LessOrEqual(t, peak.Load(), int64(n), "permits held at once")
+	require.Positive(t, grants.Load())
+	require.Empty(t, heldPermits(t, first, "sem"))
+	t.Logf("%d grants of %d attempts (%d unavailable), peak %d of %d", grants.Load(), backends*workers*rounds, unavailable.Load(), peak.Load(), n)
 }
