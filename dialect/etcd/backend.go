@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -41,6 +42,10 @@ type Backend struct {
 	ka      keepAlives
 	acq     txnGroup // group commit of grants
 	rel     txnGroup // group commit of releases
+	// permitsInFlight counts the permit acquires in flight; a chain takes
+	// permitSpare candidates more (see permitChainLen; tests raise it).
+	permitsInFlight atomic.Int64
+	permitSpare     int
 }
 
 var (
@@ -63,7 +68,8 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("sqllock/etcd: invalid MaxTxnOps %d: want 0 (the default, %d) or at least %d", opts.MaxTxnOps, DefaultMaxTxnOps, minTxnOps)
 	}
 	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
-		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares}
+		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares,
+		permitSpare: permitSpare}
 	b.acq = txnGroup{op: outcome.Acquire, width: 3}
 	b.rel = txnGroup{op: outcome.Release, width: 2}
 	b.watch.b = b
