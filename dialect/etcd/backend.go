@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -29,8 +30,9 @@ type Backend struct {
 	prefix string
 	maxOps int // operations per transaction, at most
 
-	mu      sync.Mutex            // guards seen, spares, granted, warming
+	mu      sync.Mutex            // guards seen, sems, spares, granted, warming
 	seen    map[string]seenRecord // the last token record seen per key; a hint only
+	sems    semCache              // semaphores' limits and owners seen; hints only
 	spares  map[int64][]spare     // keyless etcd leases for reuse, by granted TTL (seconds)
 	granted map[int64]int64       // requested TTL → the TTL etcd granted for it (seconds)
 	warming map[int64]bool        // requested TTLs whose spares are being granted (see warm)
@@ -40,11 +42,16 @@ type Backend struct {
 	ka      keepAlives
 	acq     txnGroup // group commit of grants
 	rel     txnGroup // group commit of releases
+	// permitsInFlight counts the permit acquires in flight; a chain takes
+	// permitSpare candidates more (see permitChainLen; tests raise it).
+	permitsInFlight atomic.Int64
+	permitSpare     int
 }
 
 var (
-	_ sqllock.Backend = (*Backend)(nil)
-	_ sqllock.Watcher = (*Backend)(nil)
+	_ sqllock.Backend       = (*Backend)(nil)
+	_ sqllock.Watcher       = (*Backend)(nil)
+	_ sqllock.MultiAcquirer = (*Backend)(nil)
 )
 
 // New returns a Backend that keeps its keys under opts.Prefix in the etcd
@@ -61,7 +68,8 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("sqllock/etcd: invalid MaxTxnOps %d: want 0 (the default, %d) or at least %d", opts.MaxTxnOps, DefaultMaxTxnOps, minTxnOps)
 	}
 	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
-		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares}
+		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares,
+		permitSpare: permitSpare}
 	b.acq = txnGroup{op: outcome.Acquire, width: 3}
 	b.rel = txnGroup{op: outcome.Release, width: 2}
 	b.watch.b = b
@@ -394,6 +402,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 // was prev, when this Backend last saw seen of its key.
 func (b *Backend) released(l sqllock.Lease, seen seenRecord, prev []*mvccpb.KeyValue) {
 	b.rememberLease(l.Key, l.Token, 0, time.Time{})
+	b.releasedPermit(l)
 	// The etcd lease is left without a key: kept for reuse (its TTL
 	// period began no earlier than l's BackendTime), else it expires by
 	// itself; a revoke would cost a raft write for nothing. Not when l's

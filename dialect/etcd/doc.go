@@ -24,6 +24,10 @@
 //	             one ([sqllock.AcquireRequest.MinHold]): its token and
 //	             owner (JSON), attached to an etcd lease of its own
 //
+// A semaphore K's permit i is the lock key K#permit-i, with these keys
+// (never a min hold), and its limit N the token record of K#permits
+// (token N, never held), written by the semaphore's first grant.
+//
 // A grant is one etcd transaction that compares the token record's
 // revision and the absence of the holder and of the min-hold key, and
 // writes the token record (token + 1) and the holder (and the min-hold
@@ -161,6 +165,16 @@
 // stream stuck on a connection that no longer answers is not used again.
 // Not the etcd client's Lease.KeepAlive, which renews on its own clock and
 // dates a lease from the reply.
+//
+// TryAcquirePermit: 1 round trip of latency as TryAcquire (the
+// transaction is a chain of nested grants, one per candidate permit: see
+// permit.go), 2 when a candidate this Backend saw free was taken elsewhere
+// and no other candidate was free; a refusal asks each holder's
+// time-to-live, at once. TryAcquireAll: 1 round trip of latency (one
+// transaction; an etcd lease, or a spare's keep-alive, per key, sent
+// together), 2 when a key changed since this Backend saw it; a refusal
+// asks the refusing holder's time-to-live. A set is at most
+// [Options.MaxTxnOps] / 3 keys: etcd counts compares as operations.
 //
 // # Fencing
 //

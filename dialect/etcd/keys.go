@@ -254,3 +254,91 @@ func cloneValue(v []byte) []byte {
 
 // tokenString is a token as the holder key's value.
 func tokenString(token int64) string { return strconv.FormatInt(token, 10) }
+
+// semCache is what a Backend knows of its semaphores: which limits it has
+// seen stored, and which owners it granted a permit to (or whose acquire's
+// outcome it does not know) and has not seen release it.
+type semCache struct {
+	limits map[string]int             // semaphore → its stored limit
+	owners map[string]map[string]bool // semaphore → owners
+}
+
+func (b *Backend) knowLimit(sem string, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.sems.limits == nil {
+		b.sems.limits = make(map[string]int)
+	}
+	if _, ok := b.sems.limits[sem]; !ok && len(b.sems.limits) >= maxSeen {
+		clear(b.sems.limits)
+	}
+	b.sems.limits[sem] = n
+}
+
+func (b *Backend) limitKnown(sem string, n int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sems.limits[sem] == n
+}
+
+func (b *Backend) forgetLimit(sem string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.sems.limits, sem)
+}
+
+// notePermit records that owner may hold a permit of sem, granted (or
+// maybe granted) by this Backend: its next request reads first.
+func (b *Backend) notePermit(sem, owner string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.sems.owners == nil {
+		b.sems.owners = make(map[string]map[string]bool)
+	}
+	if len(b.sems.owners) >= maxSeen && b.sems.owners[sem] == nil {
+		clear(b.sems.owners) // past the bound: a retry may take a second permit (see the package doc)
+	}
+	o := b.sems.owners[sem]
+	if o == nil {
+		o = make(map[string]bool)
+		b.sems.owners[sem] = o
+	}
+	if len(o) >= maxSeen {
+		clear(o)
+	}
+	o[owner] = true
+}
+
+func (b *Backend) maybeHoldsPermit(sem, owner string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sems.owners[sem][owner]
+}
+
+func (b *Backend) forgetPermit(sem, owner string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if o := b.sems.owners[sem]; o != nil {
+		delete(o, owner)
+		if len(o) == 0 {
+			delete(b.sems.owners, sem)
+		}
+	}
+}
+
+// releasedPermit, when l is a permit's lease, forgets that l's owner
+// holds a permit, and notes the permit free: the next acquire's chain
+// tries it first.
+func (b *Backend) releasedPermit(l sqllock.Lease) {
+	sem, _, ok := sqllock.ParsePermitKey(l.Key)
+	if !ok {
+		return
+	}
+	b.forgetPermit(sem, l.Owner)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r, ok := b.seen[l.Key]; ok && r.token == l.Token {
+		r.held = false
+		b.seen[l.Key] = r
+	}
+}

@@ -2,12 +2,14 @@ package etcd
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ashlock/ashlock/internal/wait"
+	"github.com/ashlock/ashlock/sqllock"
 )
 
 // watches runs one etcd watch per watched key, shared by all of the key's
@@ -27,8 +29,9 @@ type keyWatch struct {
 }
 
 // Watch implements [sqllock.Watcher] with an etcd watch on the key's
-// holder: its deletion, by a release or by etcd's expiry of the lease,
-// signals the key's watchers. The watch also signals once it is
+// holder, and on its permits' holders when key is a semaphore's: a
+// deletion, by a release or by etcd's expiry of the lease, signals the
+// key's watchers. The watch also signals once it is
 // established (and again after etcd re-established it), since a release
 // may have come before. The function returned stops the watch and waits
 // for its goroutine; call it once.
@@ -74,23 +77,45 @@ func (w *watches) stop(key string) {
 	<-kw.done
 }
 
-// run watches key's holder until ctx ends. WithRequireLeader makes a
-// member that lost its leader cancel the watch instead of going silent;
-// the watch is then set up again, from now on, and signals once more.
+// run watches key's holder, and the holders of the permits of a
+// semaphore key (its permits' releases wake its waiters), until ctx ends:
+// one etcd watch on the range from key's holder to its permits' last,
+// whose events for other keys in the range are dropped here.
+// WithRequireLeader makes a member that lost its leader cancel the watch
+// instead of going silent; the watch is then set up again, from now on,
+// and signals once more.
 func (w *watches) run(ctx context.Context, key string, done chan struct{}) {
 	defer close(done)
 	hkey := w.b.holderKey(key)
+	_, end := permitRange(w.b.holderKey, key)
 	for ctx.Err() == nil {
-		wch := w.b.cli.Watch(clientv3.WithRequireLeader(ctx), hkey,
+		wch := w.b.cli.Watch(clientv3.WithRequireLeader(ctx), hkey, clientv3.WithRange(end),
 			clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
-		for range wch {
+		for wr := range wch {
 			// Created: the watch is on (a release may have come before it);
-			// events: the holder was deleted; canceled (the channel closes
+			// events: a holder was deleted; canceled (the channel closes
 			// next): whatever comes before the next watch is missed.
-			w.signals.Signal(key)
+			if len(wr.Events) == 0 || w.ours(key, wr.Events) {
+				w.signals.Signal(key)
+			}
 		}
 		if wait.Sleep(ctx, 100*time.Millisecond) != nil {
 			return
 		}
 	}
+}
+
+// ours reports whether one of evs is the deletion of key's holder or of
+// the holder of a permit of semaphore key.
+func (w *watches) ours(key string, evs []*clientv3.Event) bool {
+	for _, ev := range evs {
+		k := strings.TrimPrefix(string(ev.Kv.Key), w.b.holderKey(""))
+		if k == key {
+			return true
+		}
+		if sem, _, ok := sqllock.ParsePermitKey(k); ok && sem == key {
+			return true
+		}
+	}
+	return false
 }
