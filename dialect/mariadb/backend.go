@@ -36,9 +36,10 @@ type Backend struct {
 	table string // unquoted, for messages
 
 	// The statements, with the table, clock and lock wait filled in.
-	acquireSQL, renewSQL, renewBatchSQL, releaseSQL string
-	releaseHeldSQL                                  string
-	listSQL, listFromSQL, fenceSQL                  string
+	acquireSQL, acquireBatchSQL         string
+	renewSQL, renewBatchSQL, releaseSQL string
+	releaseHeldSQL                      string
+	listSQL, listFromSQL, fenceSQL      string
 
 	stmtMu sync.Mutex
 	stmts  map[string]*sql.Stmt // prepared lazily (the table may not exist yet)
@@ -51,6 +52,10 @@ type Backend struct {
 	rowRelease bool
 
 	signals wait.Signals
+
+	// acquireQ coalesces concurrent TryAcquire calls (groupcommit.go);
+	// its limit is 0 when group commit is off.
+	acquireQ *gcQueue[sqllock.AcquireRequest, sqllock.Lease]
 }
 
 var (
@@ -91,9 +96,15 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("%w: it is %d (set Options.AllowNonDurable to accept grants a machine crash can lose)", ErrNotDurable, flush)
 	}
 	b := &Backend{db: db, table: o.Table, stmts: make(map[string]*sql.Stmt)}
+	limit := groupCommitInFlight
+	if o.DisableGroupCommit {
+		limit = 0
+	}
+	b.acquireQ = &gcQueue[sqllock.AcquireRequest, sqllock.Lease]{limit: limit, send: b.sendAcquires}
 	t, wait := sqlident.QuoteMariaDB(o.Table), o.lockWaitSeconds()
 	prefix := lockWaitPrefix(wait, sessionWait)
 	b.acquireSQL = render(acquireSQL, t, nowSQL, prefix)
+	b.acquireBatchSQL = render(acquireBatchSQL, t, nowSQL, prefix)
 	b.renewSQL = render(renewSQL, t, nowSQL, prefix)
 	b.renewBatchSQL = render(renewBatchSQL, t, nowSQL, prefix)
 	b.releaseSQL = render(releaseSQL, t, nowSQL, prefix)
@@ -174,50 +185,87 @@ func nonEmpty(v []byte) []byte {
 	return v
 }
 
-// TryAcquire implements [sqllock.Backend] with one statement (acquireSQL).
+// TryAcquire implements [sqllock.Backend] with one statement (acquireSQL),
+// or as a member of a batch (acquireBatchSQL, see groupcommit.go) while
+// other acquires of this Backend are in flight.
 func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
 	}
-	var (
-		token, deadline, now int64
-		held, kept           bool
-		owner                string
-		value                []byte
-	)
-	var arg any // NULL for no value
+	if b.acquireQ.limit == 0 {
+		return b.tryAcquire(ctx, req)
+	}
+	if b.closed.Load() {
+		return sqllock.Lease{}, errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return sqllock.Lease{}, dialect.NotSent(outcome.Acquire, req.Key, true, err)
+	}
+	return b.acquireQ.do(ctx, req.Key, req, func(ctx context.Context) (sqllock.Lease, error) {
+		return b.tryAcquire(ctx, req)
+	}, outcome.Acquire)
+}
+
+// acquireRow is what acquireSQL returns, and acquireBatchSQL for each key.
+type acquireRow struct {
+	token, deadline, now int64
+	held, kept           bool
+	owner                string
+	value                []byte
+}
+
+// acquireParams are an acquire's arguments, in µs.
+type acquireParams struct {
+	lease, hold int64
+	value       any // NULL for no value
+}
+
+func acquireArgs(req sqllock.AcquireRequest) acquireParams {
+	var p acquireParams
 	if len(req.Value) > 0 {
-		arg = req.Value
+		p.value = req.Value
 	}
-	hold := int64(0)
 	if req.MinHold > 0 {
-		hold = leaseMicros(req.MinHold)
+		p.hold = leaseMicros(req.MinHold)
 	}
-	lease := max(leaseMicros(req.TTL), hold)
+	p.lease = max(leaseMicros(req.TTL), p.hold)
+	return p
+}
+
+// tryAcquire sends req alone, with acquireSQL.
+func (b *Backend) tryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	p := acquireArgs(req)
+	var r acquireRow
 	err := b.run(ctx, outcome.Acquire, req.Key, func(ctx context.Context) error {
-		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, lease, req.Owner, arg, hold, hold},
-			&token, &held, &deadline, &owner, &value, &now, &kept)
+		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, p.lease, req.Owner, p.value, p.hold, p.hold},
+			&r.token, &r.held, &r.deadline, &r.owner, &r.value, &r.now, &r.kept)
 		return err
 	})
 	if err != nil {
 		return sqllock.Lease{}, err
 	}
+	return acquired(req, r)
+}
+
+// acquired is req's answer from its row after the statement: the single
+// statement's and a batch's alike.
+func acquired(req sqllock.AcquireRequest, r acquireRow) (sqllock.Lease, error) {
 	switch {
-	case held && deadline > now && owner == req.Owner:
+	case r.held && r.deadline > r.now && r.owner == req.Owner:
 		return sqllock.Lease{
-			Key: req.Key, Token: token, Owner: owner,
-			Deadline: at(deadline), BackendTime: at(now), Value: nonEmpty(value),
+			Key: req.Key, Token: r.token, Owner: r.owner,
+			Deadline: at(r.deadline), BackendTime: at(r.now), Value: nonEmpty(r.value),
 		}, nil
-	case (held || kept) && deadline > now: // kept: released inside its min hold
+	case (r.held || r.kept) && r.deadline > r.now: // kept: released inside its min hold
 		return sqllock.Lease{}, &sqllock.HeldError{
-			Key: req.Key, Owner: owner, Token: token,
-			Remaining: remaining(deadline, now), Value: nonEmpty(value),
+			Key: req.Key, Owner: r.owner, Token: r.token,
+			Remaining: remaining(r.deadline, r.now), Value: nonEmpty(r.value),
 		}
-	case token == math.MaxInt64:
+	case r.token == math.MaxInt64:
 		return sqllock.Lease{}, fmt.Errorf("%w: key %q", sqllock.ErrTokenExhausted, req.Key)
 	}
 	return sqllock.Lease{}, fmt.Errorf("sqllock/mariadb: TryAcquire %q: unexpected row (token %d, held %v, deadline %d, now %d)",
-		req.Key, token, held, deadline, now)
+		req.Key, r.token, r.held, r.deadline, r.now)
 }
 
 // TryRenew implements [sqllock.Backend] with one statement (renewSQL),

@@ -193,6 +193,36 @@ FROM {{table}} WHERE ` + "`key`" + ` = ?
 LOCK IN SHARE MODE`
 )
 
+// acquireBatchSQL is acquireSQL for many keys in one statement and one
+// commit, at one instant of the database clock (group commit, see
+// groupcommit.go): ?1 is a JSON array of [key, lease in µs, owner, value
+// in base64 or null for none, min hold in µs (0 for none)], one element
+// per key, in key order, read by JSON_TABLE (one statement text for every
+// batch size). Its rows are acquireSQL's VALUES, and its ON DUPLICATE KEY
+// UPDATE clause and RETURNING are acquireSQL's, taken from its text (a
+// change to one is a change to both): the server applies the clause row
+// by row, in the array's order, each row's first assignment taking its
+// decision into LAST_INSERT_ID(expr) before the row's later assignments
+// read it, and RETURNING gives each row after the statement, with its key
+// first.
+var acquireBatchSQL = batchOfAcquire(acquireSQL)
+
+// batchOfAcquire is acquireBatchSQL made from single (acquireSQL).
+func batchOfAcquire(single string) string {
+	head, rest, ok1 := strings.Cut(single, "\nVALUES (")
+	_, update, ok2 := strings.Cut(rest, "\nON DUPLICATE KEY UPDATE\n")
+	update, returning, ok3 := strings.Cut(update, "\nRETURNING ")
+	if !ok1 || !ok2 || !ok3 {
+		panic("sqllock/mariadb: acquireSQL lost the shape that acquireBatchSQL is made from")
+	}
+	return head + `
+SELECT r.k, 1, 1, {{now}} + INTERVAL r.us MICROSECOND, r.o, FROM_BASE64(r.v), IF(r.h > 0, {{now}} + INTERVAL r.h MICROSECOND, NULL)
+FROM JSON_TABLE(?, '$[*]' COLUMNS (k VARBINARY(512) PATH '$[0]', us BIGINT PATH '$[1]', o VARBINARY(512) PATH '$[2]',
+	v VARCHAR(8192) PATH '$[3]', h BIGINT PATH '$[4]')) AS r
+ON DUPLICATE KEY UPDATE
+` + update + "\nRETURNING `key`, " + returning
+}
+
 // lockWaitPrefix is stmtPrefix for a lock wait of lockWait seconds, or
 // nothing when the session's innodb_lock_wait_timeout, as New read it, is
 // that already (set by the DSN for every connection, or the server's
