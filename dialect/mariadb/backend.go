@@ -38,7 +38,7 @@ type Backend struct {
 	// The statements, with the table, clock and lock wait filled in.
 	acquireSQL, acquireBatchSQL         string
 	renewSQL, renewBatchSQL, releaseSQL string
-	releaseHeldSQL                      string
+	releaseHeldSQL, releaseBatchSQL     string
 	listSQL, listFromSQL, fenceSQL      string
 
 	stmtMu sync.Mutex
@@ -53,9 +53,10 @@ type Backend struct {
 
 	signals wait.Signals
 
-	// acquireQ coalesces concurrent TryAcquire calls (groupcommit.go);
-	// its limit is 0 when group commit is off.
+	// acquireQ and releaseQ coalesce concurrent TryAcquire and Release
+	// calls (groupcommit.go); their limit is 0 when group commit is off.
 	acquireQ *gcQueue[sqllock.AcquireRequest, sqllock.Lease]
+	releaseQ *gcQueue[sqllock.Lease, struct{}]
 }
 
 var (
@@ -101,6 +102,7 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 		limit = 0
 	}
 	b.acquireQ = &gcQueue[sqllock.AcquireRequest, sqllock.Lease]{limit: limit, send: b.sendAcquires}
+	b.releaseQ = &gcQueue[sqllock.Lease, struct{}]{limit: limit, send: b.sendReleases}
 	t, wait := sqlident.QuoteMariaDB(o.Table), o.lockWaitSeconds()
 	prefix := lockWaitPrefix(wait, sessionWait)
 	b.acquireSQL = render(acquireSQL, t, nowSQL, prefix)
@@ -108,6 +110,7 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	b.renewSQL = render(renewSQL, t, nowSQL, prefix)
 	b.renewBatchSQL = render(renewBatchSQL, t, nowSQL, prefix)
 	b.releaseSQL = render(releaseSQL, t, nowSQL, prefix)
+	b.releaseBatchSQL = render(releaseBatchSQL, t, nowSQL, prefix)
 	b.releaseHeldSQL = render(releaseHeldSQL, t, nowSQL, prefix)
 	b.listSQL = render(listSQL, t, nowSQL, prefix)
 	b.listFromSQL = render(listFromSQL, t, nowSQL, prefix)
@@ -301,7 +304,9 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 }
 
 // Release implements [sqllock.Backend]: one statement (releaseHeldSQL)
-// when the lease was held and unexpired; otherwise one more (releaseSQL),
+// when the lease was held and unexpired, or a member of a batch
+// (releaseBatchSQL, see groupcommit.go) while other releases of this
+// Backend are in flight; otherwise one more (releaseSQL),
 // which clears an expired lease, and tells "released twice" by its owner
 // (nil) from a release by someone else, a newer token or an unknown one
 // (a [*sqllock.LostError]).
@@ -312,6 +317,24 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if b.rowRelease {
 		return b.releaseRow(ctx, l)
 	}
+	if b.releaseQ.limit == 0 {
+		return b.release(ctx, l)
+	}
+	if b.closed.Load() {
+		return errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return dialect.NotSent(outcome.Release, l.Key, true, err)
+	}
+	_, err := b.releaseQ.do(ctx, l.Key, l, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, b.release(ctx, l)
+	}, outcome.Release)
+	return err
+}
+
+// release sends l's release alone: releaseHeldSQL, and releaseSQL when
+// that cleared nothing.
+func (b *Backend) release(ctx context.Context, l sqllock.Lease) error {
 	var n int64
 	err := b.run(ctx, outcome.Release, l.Key, func(ctx context.Context) error {
 		s, err := b.stmt(ctx, b.releaseHeldSQL)
@@ -337,23 +360,36 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 
 // releaseRow is Release with releaseSQL alone.
 func (b *Backend) releaseRow(ctx context.Context, l sqllock.Lease) error {
-	var (
-		st               sqllock.KeyState
-		deadline, now    int64
-		cleared, expired sql.NullBool
-	)
+	var r releaseResult
 	err := b.run(ctx, outcome.Release, l.Key, func(ctx context.Context) (err error) {
-		st.Found, err = b.queryRow(ctx, b.releaseSQL, []any{l.Key, l.Token, l.Owner, l.Key},
-			&st.Token, &st.Held, &st.Owner, &deadline, &now, &cleared, &expired)
+		r.found, err = b.queryRow(ctx, b.releaseSQL, []any{l.Key, l.Token, l.Owner, l.Key},
+			&r.token, &r.held, &r.owner, &r.deadline, &r.now, &r.cleared, &r.expired)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	st.Expired = deadline <= now
-	if st.Found && cleared.Bool {
+	return b.released(l, r)
+}
+
+// releaseResult is what releaseSQL returns, and releaseBatchSQL for each
+// key; found is false when the key has no row.
+type releaseResult struct {
+	found            bool
+	token            int64
+	held             bool
+	owner            string
+	deadline, now    int64
+	cleared, expired sql.NullBool
+}
+
+// released is l's release's answer from its row after releaseSQL or
+// releaseBatchSQL, and signals a clearing to the process's waiters.
+func (b *Backend) released(l sqllock.Lease, r releaseResult) error {
+	st := sqllock.KeyState{Found: r.found, Token: r.token, Held: r.held, Owner: r.owner, Expired: r.deadline <= r.now}
+	if st.Found && r.cleared.Bool {
 		b.signals.Signal(l.Key)
-		if expired.Bool {
+		if r.expired.Bool {
 			return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
 		}
 		return nil
@@ -365,7 +401,7 @@ func (b *Backend) releaseRow(ctx context.Context, l sqllock.Lease) error {
 		return lost
 	}
 	return fmt.Errorf("sqllock/mariadb: Release %q: unexpected row (token %d, held %v, deadline %d, now %d)",
-		l.Key, st.Token, st.Held, deadline, now)
+		l.Key, st.Token, st.Held, r.deadline, r.now)
 }
 
 // List implements [sqllock.Backend] with one read (an index range on the

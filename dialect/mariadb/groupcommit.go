@@ -19,21 +19,22 @@ import (
 
 // Client-side group commit: concurrent TryAcquire calls of one Backend are
 // coalesced into one statement (acquireBatchSQL, the single acquire's
-// ON DUPLICATE KEY UPDATE over many rows), one commit and one log flush.
-// The server also resolves the statement's expressions once per
+// ON DUPLICATE KEY UPDATE over many rows), one commit and one log flush;
+// so are concurrent Release calls (releaseBatchSQL, releaseSQL's clause
+// over many rows), in statements of their own. The server also resolves the statement's expressions once per
 // execution, not once per row, which is what the single acquire's long
 // ON DUPLICATE KEY UPDATE clause costs it most (profiled: about a sixth
 // of the server's time at 64 goroutines goes to mysql_prepare_insert and
 // its fix_fields).
 //
 // It adds no latency to a Backend that is not busy: a call is sent at
-// once, alone, with the single statement (acquireSQL), while fewer than
-// groupCommitInFlight acquires are in flight from this Backend. Only a
-// call that arrives while that many are in flight waits, in a queue; the
-// sender of the next acquire to finish (single or batch) takes the queue
-// and sends it as one batch, from a goroutine of its own, and again until
-// the queue is empty. A queue of one call is sent with the single
-// statement.
+// once, alone, with the single statement (acquireSQL; releaseHeldSQL),
+// while fewer than groupCommitInFlight calls of its kind are in flight
+// from this Backend. Only a call that arrives while that many are in
+// flight waits, in a queue; the sender of the next one to finish (single
+// or batch) takes the queue and sends it as one batch, from a goroutine
+// of its own, and again until the queue is empty. A queue of one call is
+// sent with the single statement.
 //
 // The rules a batch keeps:
 //   - one request per key in a batch: a second request for a key stays
@@ -43,7 +44,8 @@ import (
 //   - each member's answer is the single statement's for its row: the
 //     batch runs the single statement's ON DUPLICATE KEY UPDATE clause,
 //     row by row, and its RETURNING, with the key; the answer is read by
-//     the same code (acquired);
+//     the same code (acquired, released); a release whose key has no row
+//     is absent from the reply and sent alone;
 //   - a batch chosen as a deadlock's victim (1213) was rolled back: it is
 //     repeated, as a single statement is, with every member; one the
 //     server refused otherwise (a lock wait that ran out behind a fenced
@@ -65,7 +67,7 @@ import (
 // is no SKIP LOCKED for an INSERT), as the single statement does, for at
 // most Options.LockWait: the other members of that batch wait with it.
 
-// groupCommitInFlight is how many acquires a Backend sends concurrently
+// groupCommitInFlight is how many acquires (releases) a Backend sends concurrently
 // before it queues further calls for a batch: 4, as the PostgreSQL
 // backend's, whose measurements found that with 2 a third caller at 4
 // goroutines waits where it could have gone at once.
@@ -312,6 +314,71 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 			continue
 		}
 		m.res, m.err = acquired(m.req, r)
+	}
+}
+
+// releaseMember is a queued Release.
+type releaseMember = gcMember[sqllock.Lease, struct{}]
+
+// sendReleases sends members (distinct keys) as one releaseBatchSQL.
+func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
+	sorted := slices.Clone(members)
+	slices.SortFunc(sorted, func(x, y *releaseMember) int { return strings.Compare(x.key, y.key) })
+	elems := make([][3]any, len(sorted))
+	at := make(map[string]*releaseMember, len(sorted))
+	for i, m := range sorted {
+		at[m.key] = m
+		elems[i] = [3]any{m.req.Key, m.req.Token, m.req.Owner}
+	}
+	arg, err := json.Marshal(elems)
+	if err != nil {
+		for _, m := range members {
+			m.err = errAlone
+		}
+		return
+	}
+	rows := make(map[*releaseMember]releaseResult, len(members))
+	var sent error // the last statement's own error
+	err = b.run(ctx, outcome.Release, members[0].key, func(ctx context.Context) (err error) {
+		defer func() { sent = err }()
+		clear(rows)
+		s, err := b.stmt(ctx, b.releaseBatchSQL)
+		if err != nil {
+			return err
+		}
+		rs, err := s.QueryContext(ctx, string(arg))
+		if err != nil {
+			return err
+		}
+		defer rs.Close()
+		for rs.Next() {
+			var key string
+			r := releaseResult{found: true}
+			if err := rs.Scan(&key, &r.token, &r.held, &r.owner, &r.deadline, &r.now, &r.cleared, &r.expired); err != nil {
+				return err
+			}
+			m, ok := at[key]
+			if !ok {
+				return fmt.Errorf("sqllock/mariadb: batch release returned an unknown key %q", key)
+			}
+			rows[m] = r
+		}
+		if err := rs.Err(); err != nil {
+			return err
+		}
+		return rs.Close()
+	})
+	if err != nil {
+		batchFailed(ctx, outcome.Release, members, err, sent)
+		return
+	}
+	for _, m := range members {
+		r, ok := rows[m]
+		if !ok {
+			m.err = errAlone // no row: alone, the single statement says so
+			continue
+		}
+		m.err = b.released(m.req, r)
 	}
 }
 

@@ -24,21 +24,23 @@ import (
 // calls queue, waits for them to be queued, and lets the queue go as one
 // batch (flushQueue), as the end of an acquire in flight would.
 
-// coalesceAlways makes b coalesce every acquire that arrives while one is
-// in flight.
-func coalesceAlways(b *Backend) { b.acquireQ.limit = 1 }
+// coalesceAlways makes b coalesce every acquire (release) that arrives
+// while one is in flight.
+func coalesceAlways(b *Backend) { b.acquireQ.limit, b.releaseQ.limit = 1, 1 }
 
-func holdQueue(b *Backend) {
-	q := b.acquireQ
+func holdQueue(b *Backend) { holdQ(b.acquireQ) }
+
+func holdQ[Req, Res any](q *gcQueue[Req, Res]) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.inFlight = q.limit
 }
 
 // waitQueued waits until n acquires are queued in b.
-func waitQueued(t *testing.T, b *Backend, n int) {
+func waitQueued(t *testing.T, b *Backend, n int) { t.Helper(); waitQ(t, b.acquireQ, n) }
+
+func waitQ[Req, Res any](t *testing.T, q *gcQueue[Req, Res], n int) {
 	t.Helper()
-	q := b.acquireQ
 	require.Eventually(t, func() bool {
 		q.mu.Lock()
 		defer q.mu.Unlock()
@@ -50,9 +52,10 @@ func waitQueued(t *testing.T, b *Backend, n int) {
 func flushQueue(b *Backend) { b.acquireQ.finished() }
 
 // unholdQueue waits for the batches to end and frees the held acquires.
-func unholdQueue(t *testing.T, b *Backend) {
+func unholdQueue(t *testing.T, b *Backend) { t.Helper(); unholdQ(t, b.acquireQ) }
+
+func unholdQ[Req, Res any](t *testing.T, q *gcQueue[Req, Res]) {
 	t.Helper()
-	q := b.acquireQ
 	require.Eventually(t, func() bool {
 		q.mu.Lock()
 		defer q.mu.Unlock()
@@ -485,11 +488,14 @@ func TestGroupCommitIdleSendsAlone(t *testing.T) {
 		require.NoError(t, b.Release(testCtx(t), l))
 	}
 	require.Zero(t, b.acquireQ.batches.Load())
+	require.Zero(t, b.releaseQ.batches.Load())
 	require.Zero(t, b.acquireQ.inFlight)
+	require.Zero(t, b.releaseQ.inFlight)
 	off, err := New(db, Options{DisableGroupCommit: true})
 	require.NoError(t, err)
 	defer off.Close()
 	require.Zero(t, off.acquireQ.limit)
+	require.Zero(t, off.releaseQ.limit)
 }
 
 // Many goroutines acquire and release a few keys through coalescing: no
@@ -548,6 +554,98 @@ func TestGroupCommitHistory(t *testing.T) {
 	if err, ok := failure.Load().(error); ok {
 		t.Fatal(err)
 	}
-	require.Positive(t, b.acquireQ.batches.Load(), "nothing was coalesced")
-	t.Logf("%d grants, %d batches, %d sent alone by a batch", grants.Load(), b.acquireQ.batches.Load(), b.acquireQ.alone.Load())
+	require.Positive(t, b.acquireQ.batches.Load(), "no acquire was coalesced")
+	require.Positive(t, b.releaseQ.batches.Load(), "no release was coalesced")
+	t.Logf("%d grants, %d batches of acquires, %d of releases, %d sent alone by a batch",
+		grants.Load(), b.acquireQ.batches.Load(), b.releaseQ.batches.Load(), b.acquireQ.alone.Load()+b.releaseQ.alone.Load())
+}
+
+// The answers of one batch of releases are those of the same releases
+// sent alone (releaseHeldSQL, then releaseSQL when it cleared nothing) on
+// a database in the same state: a held lease (nil), an expired one
+// (expired), a stale token (taken), a lease released already by its
+// owner (nil), a forced release by another owner (nil), a release inside
+// the min hold (nil, the key stays taken), a key never granted (absent
+// from the batch's reply: sent alone); and the rows the two leave are
+// the same.
+func TestGroupCommitReleaseAnswersAsAlone(t *testing.T) {
+	t.Parallel()
+	const hold = 10 * time.Minute
+	setup := func(t *testing.T, b *Backend, db *sql.DB) []sqllock.Lease {
+		ctx := testCtx(t)
+		get := func(req sqllock.AcquireRequest) sqllock.Lease {
+			req.TTL = time.Minute
+			l, err := b.tryAcquire(ctx, req)
+			require.NoError(t, err)
+			return l
+		}
+		held := get(sqllock.AcquireRequest{Key: "held", Owner: "o"})
+		expired := get(sqllock.AcquireRequest{Key: "expired", Owner: "o"})
+		expire(t, db, b, "expired")
+		stale := get(sqllock.AcquireRequest{Key: "taken", Owner: "o"})
+		expire(t, db, b, "taken")
+		get(sqllock.AcquireRequest{Key: "taken", Owner: "newer"})
+		twice := get(sqllock.AcquireRequest{Key: "twice", Owner: "o"})
+		require.NoError(t, b.release(ctx, twice))
+		forced := get(sqllock.AcquireRequest{Key: "forced", Owner: "holder"})
+		forced.Owner = "admin"
+		kept := get(sqllock.AcquireRequest{Key: "kept", Owner: "o", MinHold: hold})
+		never := sqllock.Lease{Key: "never", Token: 1, Owner: "o"}
+		return []sqllock.Lease{held, expired, stale, twice, forced, kept, never}
+	}
+
+	batched, bdb := newBackend(t)
+	coalesceAlways(batched)
+	leases := setup(t, batched, bdb)
+	holdQ(batched.releaseQ)
+	var chs []chan error
+	for i, l := range leases {
+		ch := make(chan error, 1)
+		go func() { ch <- batched.Release(testCtx(t), l) }()
+		chs = append(chs, ch)
+		waitQ(t, batched.releaseQ, i+1)
+	}
+	batched.releaseQ.finished()
+	got := make([]error, len(chs))
+	for i, ch := range chs {
+		got[i] = recv(t, ch)
+	}
+	unholdQ(t, batched.releaseQ)
+	require.EqualValues(t, 1, batched.releaseQ.batches.Load(), "the releases went as one batch")
+	require.EqualValues(t, 1, batched.releaseQ.alone.Load(), "only the key without a row was sent alone")
+
+	alone, adb := newBackend(t)
+	for i, l := range setup(t, alone, adb) {
+		err := alone.release(testCtx(t), l)
+		if err == nil {
+			require.NoError(t, got[i], "%s", l.Key)
+			continue
+		}
+		var want, have *sqllock.LostError
+		require.ErrorAs(t, err, &want, "%s", l.Key)
+		require.ErrorAs(t, got[i], &have, "%s: alone %v, batched %v", l.Key, err, got[i])
+		require.Equal(t, want.Reason, have.Reason, "%s", l.Key)
+		require.Equal(t, want.Token, have.Token, "%s", l.Key)
+	}
+	// A few answers spelled out, so that both cannot be wrong alike.
+	require.NoError(t, got[0])
+	var lost *sqllock.LostError
+	require.ErrorAs(t, got[1], &lost)
+	require.Equal(t, sqllock.LostExpired, lost.Reason)
+	require.ErrorAs(t, got[2], &lost)
+	require.Equal(t, sqllock.LostTaken, lost.Reason)
+
+	bl, err := batched.List(testCtx(t), "")
+	require.NoError(t, err)
+	al, err := alone.List(testCtx(t), "")
+	require.NoError(t, err)
+	require.Len(t, bl, len(al))
+	for i := range al {
+		require.Equal(t, al[i].Key, bl[i].Key)
+		require.Equal(t, al[i].Token, bl[i].Token, "%s", al[i].Key)
+		require.Equal(t, al[i].Owner, bl[i].Owner, "%s", al[i].Key)
+		require.Equal(t, al[i].Held, bl[i].Held, "%s", al[i].Key)
+		require.InDelta(t, al[i].Remaining.Seconds(), bl[i].Remaining.Seconds(), 5, "%s", al[i].Key)
+	}
+	require.True(t, bl[3].Key == "kept" && bl[3].Held, "released inside its min hold: still taken (%+v)", bl[3])
 }

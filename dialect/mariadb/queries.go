@@ -223,6 +223,30 @@ ON DUPLICATE KEY UPDATE
 ` + update + "\nRETURNING `key`, " + returning
 }
 
+// releaseBatchSQL is releaseSQL for many leases in one statement and one
+// commit, at one instant (group commit): ?1 is a JSON array of [key,
+// token, owner], one element per key, in key order. Its ON DUPLICATE KEY
+// UPDATE clause and RETURNING are releaseSQL's, taken from its text, with
+// the key first in RETURNING; the SELECT keeps only keys that have a row,
+// so that it never inserts: a key without a row is absent from the result.
+var releaseBatchSQL = batchOfRelease(releaseSQL)
+
+// batchOfRelease is releaseBatchSQL made from single (releaseSQL).
+func batchOfRelease(single string) string {
+	head, rest, ok1 := strings.Cut(single, "\nSELECT ?, ?, 0, {{now}}, ? FROM DUAL\n")
+	_, update, ok2 := strings.Cut(rest, "\nON DUPLICATE KEY UPDATE\n")
+	update, returning, ok3 := strings.Cut(update, "\nRETURNING ")
+	if !ok1 || !ok2 || !ok3 {
+		panic("sqllock/mariadb: releaseSQL lost the shape that releaseBatchSQL is made from")
+	}
+	return head + `
+SELECT r.k, r.tok, 0, {{now}}, r.o
+FROM JSON_TABLE(?, '$[*]' COLUMNS (k VARBINARY(512) PATH '$[0]', tok BIGINT PATH '$[1]', o VARBINARY(512) PATH '$[2]')) AS r
+WHERE EXISTS (SELECT 1 FROM {{table}} AS c WHERE c.` + "`key`" + ` = r.k)
+ON DUPLICATE KEY UPDATE
+` + update + "\nRETURNING `key`, " + returning
+}
+
 // lockWaitPrefix is stmtPrefix for a lock wait of lockWait seconds, or
 // nothing when the session's innodb_lock_wait_timeout, as New read it, is
 // that already (set by the DSN for every connection, or the server's
