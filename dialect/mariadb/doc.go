@@ -41,9 +41,9 @@
 // calls likewise, with the clause of the release's second statement. Each
 // call gets the answer it would get alone, and the same outcome rules: a
 // call cancelled while queued was never sent; one whose batch's reply was
-// lost is indeterminate. A deadlock repeats the batch; any other error from the
-// server sends each member alone. An idle Backend sends each call alone
-// at once. [Options.DisableGroupCommit] turns it off.
+// lost is indeterminate. A deadlock repeats the batch; any other error
+// from the server sends each member alone. An idle Backend sends each
+// call alone at once. [Options.DisableGroupCommit] turns it off.
 //
 // # Time
 //
