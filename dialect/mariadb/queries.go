@@ -42,8 +42,11 @@ const (
 	// on the row as it was, into the session's LAST_INSERT_ID(expr): bit 1
 	// a new tenure (the key is free: expired, or released and past its min
 	// hold), bit 2 a grant (a new tenure, or the same owner's repeat while
-	// its grant lasts: same token, deadline extended); every later
-	// assignment reads LAST_INSERT_ID() and only columns not yet assigned.
+	// its grant lasts: same token, deadline extended), as IF(free, 3,
+	// 2 * repeat), which names freeSQL once (the server resolves every
+	// expression of a prepared statement again at each execution); every
+	// later assignment reads LAST_INSERT_ID() and only columns not yet
+	// assigned.
 	// A new tenure takes its own min hold (hold_until from its own grant),
 	// whoever held the key before, the same owner too (its acquire repeated
 	// after its own lease expired); the same owner's repeat inside its grant
@@ -66,7 +69,7 @@ const (
 INSERT INTO {{table}} (` + "`key`" + `, token, held, deadline, owner, value, hold_until)
 VALUES (?, 1, 1, {{now}} + INTERVAL ? MICROSECOND, ?, ?, IF(? > 0, {{now}} + INTERVAL ? MICROSECOND, NULL))
 ON DUPLICATE KEY UPDATE
-	token      = token + IF(LAST_INSERT_ID({{free}} + 2 * ({{free}} OR (held AND deadline > {{now}} AND owner = VALUES(owner)))) & 1, 1, 0),
+	token      = token + IF(LAST_INSERT_ID(IF({{free}}, 3, 2 * (held AND deadline > {{now}} AND owner = VALUES(owner)))) & 1, 1, 0),
 	deadline   = IF(LAST_INSERT_ID() & 2,
 		IF(LAST_INSERT_ID() & 1, VALUES(deadline), GREATEST(VALUES(deadline), COALESCE(hold_until, VALUES(deadline)))), deadline),
 	hold_until = IF(LAST_INSERT_ID() & 1, VALUES(hold_until), hold_until),
