@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -648,4 +649,57 @@ func TestGroupCommitReleaseAnswersAsAlone(t *testing.T) {
 		require.InDelta(t, al[i].Remaining.Seconds(), bl[i].Remaining.Seconds(), 5, "%s", al[i].Key)
 	}
 	require.True(t, bl[3].Key == "kept" && bl[3].Held, "released inside its min hold: still taken (%+v)", bl[3])
+}
+
+// A batch carries keys, owners and values of the largest sizes allowed,
+// multi-byte characters and all bytes included, without a byte changed.
+func TestGroupCommitLargestInputs(t *testing.T) {
+	t.Parallel()
+	b, _ := newBackend(t)
+	coalesceAlways(b)
+	value := make([]byte, sqllock.MaxValueLen)
+	for i := range value {
+		value[i] = byte(i * 7)
+	}
+	reqs := []sqllock.AcquireRequest{
+		{Key: strings.Repeat("é", sqllock.MaxKeyLen/2), Owner: strings.Repeat("ö", sqllock.MaxOwnerLen/2), Value: value},
+		{Key: strings.Repeat("k", sqllock.MaxKeyLen), Owner: strings.Repeat("o", sqllock.MaxOwnerLen), Value: value[:1]},
+	}
+	for i := range reqs {
+		reqs[i].TTL = time.Minute
+	}
+	res := acquireBatch(t, b, reqs...)
+	require.EqualValues(t, 1, b.acquireQ.batches.Load())
+	require.Zero(t, b.acquireQ.alone.Load())
+	for i, r := range res {
+		require.NoError(t, r.err)
+		require.Equal(t, reqs[i].Owner, r.l.Owner)
+		require.Equal(t, reqs[i].Value, r.l.Value)
+		infos, err := b.List(testCtx(t), reqs[i].Key)
+		require.NoError(t, err)
+		require.Len(t, infos, 1)
+		require.Equal(t, reqs[i].Key, infos[0].Key)
+		require.Equal(t, reqs[i].Owner, infos[0].Owner)
+		require.Equal(t, reqs[i].Value, infos[0].Value)
+	}
+	holdQ(b.releaseQ)
+	var chs []chan error
+	for i, r := range res {
+		ch := make(chan error, 1)
+		go func() { ch <- b.Release(testCtx(t), r.l) }()
+		chs = append(chs, ch)
+		waitQ(t, b.releaseQ, i+1)
+	}
+	b.releaseQ.finished()
+	for _, ch := range chs {
+		require.NoError(t, recv(t, ch))
+	}
+	unholdQ(t, b.releaseQ)
+	require.EqualValues(t, 1, b.releaseQ.batches.Load())
+	require.Zero(t, b.releaseQ.alone.Load())
+	infos, err := b.List(testCtx(t), "")
+	require.NoError(t, err)
+	for _, i := range infos {
+		require.False(t, i.Held, "%s", i.Key)
+	}
 }
