@@ -703,3 +703,44 @@ func TestGroupCommitLargestInputs(t *testing.T) {
 		require.False(t, i.Held, "%s", i.Key)
 	}
 }
+
+// A batch of releases whose reply is lost leaves every member
+// indeterminate, as the single release's lost reply; repeating each is
+// harmless.
+func TestGroupCommitReleaseLostReply(t *testing.T) {
+	t.Parallel()
+	b, p, direct := proxied(t)
+	coalesceAlways(b)
+	ctx := testCtx(t)
+	var leases []sqllock.Lease
+	for _, k := range []string{"a", "b", "c"} {
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: k, TTL: time.Minute, Owner: "lostrel/" + k})
+		require.NoError(t, err)
+		leases = append(leases, l)
+	}
+	holdQ(b.releaseQ)
+	var chs []chan error
+	for i, l := range leases {
+		ch := make(chan error, 1)
+		go func() { ch <- b.Release(ctx, l) }()
+		chs = append(chs, ch)
+		waitQ(t, b.releaseQ, i+1)
+	}
+	p.BlackholeRepliesAfter([]byte("lostrel/"))
+	b.releaseQ.finished()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, direct.QueryRowContext(ctx, "SELECT count(*) FROM "+quotedTable(b)+" WHERE owner LIKE 'lostrel/%' AND NOT held").Scan(&n))
+		return n == len(leases)
+	}, 10*time.Second, 5*time.Millisecond, "the batch was applied")
+	p.Reset()
+	p.Pass()
+	for _, ch := range chs {
+		require.ErrorIs(t, recv(t, ch), sqllock.ErrIndeterminate)
+	}
+	unholdQ(t, b.releaseQ)
+	require.Zero(t, b.releaseQ.alone.Load(), "members of a batch of unknown outcome were sent again")
+	for _, l := range leases {
+		require.NoError(t, b.Release(ctx, l), "repeating a release that was applied is harmless")
+	}
+}
