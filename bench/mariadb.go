@@ -15,7 +15,7 @@ import (
 	"github.com/ashlock/ashlock/migrations"
 )
 
-var mariadbRatios = [][2]string{{"backend", "raw"}, {"backend-session", "raw"}, {"raw-lockwait", "raw"}}
+var mariadbRatios = [][2]string{{"backend", "raw"}, {"backend-session", "raw"}, {"backend-session-nogc", "raw"}, {"raw-lockwait", "raw"}}
 
 // The two statements a hand-written MariaDB lock would send, on a table of
 // the backend's schema (its triggers included): a grant-if-free upsert that
@@ -130,6 +130,10 @@ func (e *mariadbEnv) matrix(ctx context.Context, cfg *config) (*matrix, error) {
 	if err != nil {
 		return nil, err
 	}
+	bn, err := mariadb.New(e.sessionDB, mariadb.Options{DisableGroupCommit: true})
+	if err != nil {
+		return nil, err
+	}
 	raw, err := e.rawContender(ctx, "raw", "", keys)
 	if err != nil {
 		return nil, err
@@ -138,7 +142,8 @@ func (e *mariadbEnv) matrix(ctx context.Context, cfg *config) (*matrix, error) {
 	if err != nil {
 		return nil, err
 	}
-	cs := []contender{backendContender("backend", b, keys, defaultTTL), backendContender("backend-session", bs, keys, defaultTTL), raw, rawWait}
+	cs := []contender{backendContender("backend", b, keys, defaultTTL), backendContender("backend-session", bs, keys, defaultTTL),
+		backendContender("backend-session-nogc", bn, keys, defaultTTL), raw, rawWait}
 	return &matrix{section: "mariadb", contenders: cs, conc: cfg.conc, rounds: cfg.rounds, dur: cfg.dur, latency: true, warmup: cfg.warmup()}, nil
 }
 
@@ -173,7 +178,7 @@ func (e *mariadbEnv) rawContender(ctx context.Context, name, prefix string, keys
 
 func (r *Report) mariadbMarkdown(w func(string, ...any), gs []int) {
 	w("\n## MariaDB: TryAcquire + Release pairs/s\n\nOne MariaDB %s started from the machine's binaries (innodb_flush_log_at_trx_commit=1, READ COMMITTED), random keys with released rows; the raw contender sends a hand-written grant-if-free upsert and an UPDATE release, on a table of the same schema, through the same pool.\n\n| contender | %s |\n|---|%s\n", r.MariaDBVersion, cols(gs, "", false), strings.Repeat("--:|", len(gs)))
-	for _, c := range []string{"raw", "raw-lockwait", "backend", "backend-session"} {
+	for _, c := range []string{"raw", "raw-lockwait", "backend", "backend-session", "backend-session-nogc"} {
 		w("| %s |", name("mariadb", c))
 		for _, g := range gs {
 			cell, _ := r.cell("mariadb", c, g)
@@ -185,5 +190,5 @@ func (r *Report) mariadbMarkdown(w func(string, ...any), gs []int) {
 		}
 		w("\n")
 	}
-	w("\nIn parentheses: the ratio to the raw statements, same rounds (target ≥ 0.9×). raw-lockwait is the raw statements under the backend's `SET STATEMENT innodb_lock_wait_timeout = 5 FOR` prefix (its Options.LockWait): what bounding a statement's row-lock wait costs by itself; the backend pays it unless the session has its lock wait already: backend-session is the same backend on a pool whose DSN sets innodb_lock_wait_timeout=5 (as the CLI's does), so that no statement carries the prefix.\n")
+	w("\nIn parentheses: the ratio to the raw statements, same rounds (target ≥ 0.9×). raw-lockwait is the raw statements under the backend's `SET STATEMENT innodb_lock_wait_timeout = 5 FOR` prefix (its Options.LockWait): what bounding a statement's row-lock wait costs by itself; the backend pays it unless the session has its lock wait already: backend-session is the same backend on a pool whose DSN sets innodb_lock_wait_timeout=5 (as the CLI's does), so that no statement carries the prefix. Both coalesce concurrent acquires (group commit, the default); backend-session-nogc is backend-session with DisableGroupCommit.\n")
 }

@@ -140,10 +140,11 @@ var names = map[string]string{
 	"etcd|backend": "ashlock etcd Backend",
 	"etcd|client":  "ashlock Client + Guard on etcd",
 
-	"mariadb|raw":             "raw two statements on MariaDB",
-	"mariadb|backend":         "ashlock MariaDB Backend",
-	"mariadb|raw-lockwait":    "raw two statements under the backend's lock-wait prefix",
-	"mariadb|backend-session": "ashlock MariaDB Backend, lock wait set by the DSN",
+	"mariadb|raw":                  "raw two statements on MariaDB",
+	"mariadb|backend":              "ashlock MariaDB Backend",
+	"mariadb|raw-lockwait":         "raw two statements under the backend's lock-wait prefix",
+	"mariadb|backend-session":      "ashlock MariaDB Backend, lock wait set by the DSN",
+	"mariadb|backend-session-nogc": "ashlock MariaDB Backend, lock wait set by the DSN, DisableGroupCommit",
 
 	"pg|raw":                      "raw two statements via pgx, durable (the limit)",
 	"pg|raw-async":                "raw two statements, release committed asynchronously",

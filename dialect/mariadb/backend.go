@@ -36,9 +36,10 @@ type Backend struct {
 	table string // unquoted, for messages
 
 	// The statements, with the table, clock and lock wait filled in.
-	acquireSQL, renewSQL, renewBatchSQL, releaseSQL string
-	releaseHeldSQL                                  string
-	listSQL, listFromSQL, fenceSQL                  string
+	acquireSQL, acquireBatchSQL         string
+	renewSQL, renewBatchSQL, releaseSQL string
+	releaseHeldSQL, releaseBatchSQL     string
+	listSQL, listFromSQL, fenceSQL      string
 
 	stmtMu sync.Mutex
 	stmts  map[string]*sql.Stmt // prepared lazily (the table may not exist yet)
@@ -51,6 +52,11 @@ type Backend struct {
 	rowRelease bool
 
 	signals wait.Signals
+
+	// acquireQ and releaseQ coalesce concurrent TryAcquire and Release
+	// calls (groupcommit.go); their limit is 0 when group commit is off.
+	acquireQ *gcQueue[sqllock.AcquireRequest, sqllock.Lease]
+	releaseQ *gcQueue[sqllock.Lease, struct{}]
 }
 
 var (
@@ -91,12 +97,20 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("%w: it is %d (set Options.AllowNonDurable to accept grants a machine crash can lose)", ErrNotDurable, flush)
 	}
 	b := &Backend{db: db, table: o.Table, stmts: make(map[string]*sql.Stmt)}
+	limit := groupCommitInFlight
+	if o.DisableGroupCommit {
+		limit = 0
+	}
+	b.acquireQ = &gcQueue[sqllock.AcquireRequest, sqllock.Lease]{limit: limit, send: b.sendAcquires}
+	b.releaseQ = &gcQueue[sqllock.Lease, struct{}]{limit: limit, send: b.sendReleases}
 	t, wait := sqlident.QuoteMariaDB(o.Table), o.lockWaitSeconds()
 	prefix := lockWaitPrefix(wait, sessionWait)
 	b.acquireSQL = render(acquireSQL, t, nowSQL, prefix)
+	b.acquireBatchSQL = render(acquireBatchSQL, t, nowSQL, prefix)
 	b.renewSQL = render(renewSQL, t, nowSQL, prefix)
 	b.renewBatchSQL = render(renewBatchSQL, t, nowSQL, prefix)
 	b.releaseSQL = render(releaseSQL, t, nowSQL, prefix)
+	b.releaseBatchSQL = render(releaseBatchSQL, t, nowSQL, prefix)
 	b.releaseHeldSQL = render(releaseHeldSQL, t, nowSQL, prefix)
 	b.listSQL = render(listSQL, t, nowSQL, prefix)
 	b.listFromSQL = render(listFromSQL, t, nowSQL, prefix)
@@ -174,50 +188,87 @@ func nonEmpty(v []byte) []byte {
 	return v
 }
 
-// TryAcquire implements [sqllock.Backend] with one statement (acquireSQL).
+// TryAcquire implements [sqllock.Backend] with one statement (acquireSQL),
+// or as a member of a batch (acquireBatchSQL, see groupcommit.go) while
+// other acquires of this Backend are in flight.
 func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
 	}
-	var (
-		token, deadline, now int64
-		held, kept           bool
-		owner                string
-		value                []byte
-	)
-	var arg any // NULL for no value
+	if b.acquireQ.limit == 0 {
+		return b.tryAcquire(ctx, req)
+	}
+	if b.closed.Load() {
+		return sqllock.Lease{}, errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return sqllock.Lease{}, dialect.NotSent(outcome.Acquire, req.Key, true, err)
+	}
+	return b.acquireQ.do(ctx, req.Key, req, func(ctx context.Context) (sqllock.Lease, error) {
+		return b.tryAcquire(ctx, req)
+	}, outcome.Acquire)
+}
+
+// acquireRow is what acquireSQL returns, and acquireBatchSQL for each key.
+type acquireRow struct {
+	token, deadline, now int64
+	held, kept           bool
+	owner                string
+	value                []byte
+}
+
+// acquireParams are an acquire's arguments, in µs.
+type acquireParams struct {
+	lease, hold int64
+	value       any // NULL for no value
+}
+
+func acquireArgs(req sqllock.AcquireRequest) acquireParams {
+	var p acquireParams
 	if len(req.Value) > 0 {
-		arg = req.Value
+		p.value = req.Value
 	}
-	hold := int64(0)
 	if req.MinHold > 0 {
-		hold = leaseMicros(req.MinHold)
+		p.hold = leaseMicros(req.MinHold)
 	}
-	lease := max(leaseMicros(req.TTL), hold)
+	p.lease = max(leaseMicros(req.TTL), p.hold)
+	return p
+}
+
+// tryAcquire sends req alone, with acquireSQL.
+func (b *Backend) tryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	p := acquireArgs(req)
+	var r acquireRow
 	err := b.run(ctx, outcome.Acquire, req.Key, func(ctx context.Context) error {
-		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, lease, req.Owner, arg, hold, hold},
-			&token, &held, &deadline, &owner, &value, &now, &kept)
+		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, p.lease, req.Owner, p.value, p.hold, p.hold},
+			&r.token, &r.held, &r.deadline, &r.owner, &r.value, &r.now, &r.kept)
 		return err
 	})
 	if err != nil {
 		return sqllock.Lease{}, err
 	}
+	return acquired(req, r)
+}
+
+// acquired is req's answer from its row after the statement: the single
+// statement's and a batch's alike.
+func acquired(req sqllock.AcquireRequest, r acquireRow) (sqllock.Lease, error) {
 	switch {
-	case held && deadline > now && owner == req.Owner:
+	case r.held && r.deadline > r.now && r.owner == req.Owner:
 		return sqllock.Lease{
-			Key: req.Key, Token: token, Owner: owner,
-			Deadline: at(deadline), BackendTime: at(now), Value: nonEmpty(value),
+			Key: req.Key, Token: r.token, Owner: r.owner,
+			Deadline: at(r.deadline), BackendTime: at(r.now), Value: nonEmpty(r.value),
 		}, nil
-	case (held || kept) && deadline > now: // kept: released inside its min hold
+	case (r.held || r.kept) && r.deadline > r.now: // kept: released inside its min hold
 		return sqllock.Lease{}, &sqllock.HeldError{
-			Key: req.Key, Owner: owner, Token: token,
-			Remaining: remaining(deadline, now), Value: nonEmpty(value),
+			Key: req.Key, Owner: r.owner, Token: r.token,
+			Remaining: remaining(r.deadline, r.now), Value: nonEmpty(r.value),
 		}
-	case token == math.MaxInt64:
+	case r.token == math.MaxInt64:
 		return sqllock.Lease{}, fmt.Errorf("%w: key %q", sqllock.ErrTokenExhausted, req.Key)
 	}
 	return sqllock.Lease{}, fmt.Errorf("sqllock/mariadb: TryAcquire %q: unexpected row (token %d, held %v, deadline %d, now %d)",
-		req.Key, token, held, deadline, now)
+		req.Key, r.token, r.held, r.deadline, r.now)
 }
 
 // TryRenew implements [sqllock.Backend] with one statement (renewSQL),
@@ -253,7 +304,9 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 }
 
 // Release implements [sqllock.Backend]: one statement (releaseHeldSQL)
-// when the lease was held and unexpired; otherwise one more (releaseSQL),
+// when the lease was held and unexpired, or a member of a batch
+// (releaseBatchSQL, see groupcommit.go) while other releases of this
+// Backend are in flight; otherwise one more (releaseSQL),
 // which clears an expired lease, and tells "released twice" by its owner
 // (nil) from a release by someone else, a newer token or an unknown one
 // (a [*sqllock.LostError]).
@@ -264,6 +317,24 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if b.rowRelease {
 		return b.releaseRow(ctx, l)
 	}
+	if b.releaseQ.limit == 0 {
+		return b.release(ctx, l)
+	}
+	if b.closed.Load() {
+		return errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return dialect.NotSent(outcome.Release, l.Key, true, err)
+	}
+	_, err := b.releaseQ.do(ctx, l.Key, l, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, b.release(ctx, l)
+	}, outcome.Release)
+	return err
+}
+
+// release sends l's release alone: releaseHeldSQL, and releaseSQL when
+// that cleared nothing.
+func (b *Backend) release(ctx context.Context, l sqllock.Lease) error {
 	var n int64
 	err := b.run(ctx, outcome.Release, l.Key, func(ctx context.Context) error {
 		s, err := b.stmt(ctx, b.releaseHeldSQL)
@@ -289,23 +360,36 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 
 // releaseRow is Release with releaseSQL alone.
 func (b *Backend) releaseRow(ctx context.Context, l sqllock.Lease) error {
-	var (
-		st               sqllock.KeyState
-		deadline, now    int64
-		cleared, expired sql.NullBool
-	)
+	var r releaseResult
 	err := b.run(ctx, outcome.Release, l.Key, func(ctx context.Context) (err error) {
-		st.Found, err = b.queryRow(ctx, b.releaseSQL, []any{l.Key, l.Token, l.Owner, l.Key},
-			&st.Token, &st.Held, &st.Owner, &deadline, &now, &cleared, &expired)
+		r.found, err = b.queryRow(ctx, b.releaseSQL, []any{l.Key, l.Token, l.Owner, l.Key},
+			&r.token, &r.held, &r.owner, &r.deadline, &r.now, &r.cleared, &r.expired)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	st.Expired = deadline <= now
-	if st.Found && cleared.Bool {
+	return b.released(l, r)
+}
+
+// releaseResult is what releaseSQL returns, and releaseBatchSQL for each
+// key; found is false when the key has no row.
+type releaseResult struct {
+	found            bool
+	token            int64
+	held             bool
+	owner            string
+	deadline, now    int64
+	cleared, expired sql.NullBool
+}
+
+// released is l's release's answer from its row after releaseSQL or
+// releaseBatchSQL, and signals a clearing to the process's waiters.
+func (b *Backend) released(l sqllock.Lease, r releaseResult) error {
+	st := sqllock.KeyState{Found: r.found, Token: r.token, Held: r.held, Owner: r.owner, Expired: r.deadline <= r.now}
+	if st.Found && r.cleared.Bool {
 		b.signals.Signal(l.Key)
-		if expired.Bool {
+		if r.expired.Bool {
 			return &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
 		}
 		return nil
@@ -317,7 +401,7 @@ func (b *Backend) releaseRow(ctx context.Context, l sqllock.Lease) error {
 		return lost
 	}
 	return fmt.Errorf("sqllock/mariadb: Release %q: unexpected row (token %d, held %v, deadline %d, now %d)",
-		l.Key, st.Token, st.Held, deadline, now)
+		l.Key, st.Token, st.Held, r.deadline, r.now)
 }
 
 // List implements [sqllock.Backend] with one read (an index range on the

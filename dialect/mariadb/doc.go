@@ -31,6 +31,20 @@
 // A refused acquire, like any ON DUPLICATE KEY UPDATE, locks the key's row
 // for its statement (microseconds); it changes no column.
 //
+// # Group commit
+//
+// Concurrent TryAcquire calls of one Backend share one statement and one
+// commit: once 4 acquires are in flight, further calls queue, and the
+// next acquire to finish sends the queue as one INSERT ... SELECT FROM
+// JSON_TABLE ... with the single acquire's ON DUPLICATE KEY UPDATE clause
+// and RETURNING (at most 256 keys, each key once, in key order). Release
+// calls likewise, with the clause of the release's second statement. Each
+// call gets the answer it would get alone, and the same outcome rules: a
+// call cancelled while queued was never sent; one whose batch's reply was
+// lost is indeterminate. A deadlock repeats the batch; any other error
+// from the server sends each member alone. An idle Backend sends each
+// call alone at once. [Options.DisableGroupCommit] turns it off.
+//
 // # Time
 //
 // The database clock decides: UTC_TIMESTAMP(6), in microseconds, the same

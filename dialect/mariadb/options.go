@@ -44,6 +44,14 @@ type Options struct {
 	// Without it, New refuses such a server with [ErrNotDurable]. New reads
 	// the setting once: a later SET GLOBAL goes unseen.
 	AllowNonDurable bool
+
+	// DisableGroupCommit turns off the client-side group commit: by
+	// default, TryAcquire calls that arrive while several of this
+	// Backend's acquires are in flight are sent together, as one
+	// statement with one commit (see the package doc). Each call's answer
+	// is the one it would get alone; an idle Backend sends each call alone
+	// at once either way.
+	DisableGroupCommit bool
 }
 
 // resolve returns o with the defaults filled in, validated.

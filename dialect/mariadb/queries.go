@@ -42,8 +42,11 @@ const (
 	// on the row as it was, into the session's LAST_INSERT_ID(expr): bit 1
 	// a new tenure (the key is free: expired, or released and past its min
 	// hold), bit 2 a grant (a new tenure, or the same owner's repeat while
-	// its grant lasts: same token, deadline extended); every later
-	// assignment reads LAST_INSERT_ID() and only columns not yet assigned.
+	// its grant lasts: same token, deadline extended), as IF(free, 3,
+	// 2 * repeat), which names freeSQL once (the server resolves every
+	// expression of a prepared statement again at each execution); every
+	// later assignment reads LAST_INSERT_ID() and only columns not yet
+	// assigned.
 	// A new tenure takes its own min hold (hold_until from its own grant),
 	// whoever held the key before, the same owner too (its acquire repeated
 	// after its own lease expired); the same owner's repeat inside its grant
@@ -66,7 +69,7 @@ const (
 INSERT INTO {{table}} (` + "`key`" + `, token, held, deadline, owner, value, hold_until)
 VALUES (?, 1, 1, {{now}} + INTERVAL ? MICROSECOND, ?, ?, IF(? > 0, {{now}} + INTERVAL ? MICROSECOND, NULL))
 ON DUPLICATE KEY UPDATE
-	token      = token + IF(LAST_INSERT_ID({{free}} + 2 * ({{free}} OR (held AND deadline > {{now}} AND owner = VALUES(owner)))) & 1, 1, 0),
+	token      = token + IF(LAST_INSERT_ID(IF({{free}}, 3, 2 * (held AND deadline > {{now}} AND owner = VALUES(owner)))) & 1, 1, 0),
 	deadline   = IF(LAST_INSERT_ID() & 2,
 		IF(LAST_INSERT_ID() & 1, VALUES(deadline), GREATEST(VALUES(deadline), COALESCE(hold_until, VALUES(deadline)))), deadline),
 	hold_until = IF(LAST_INSERT_ID() & 1, VALUES(hold_until), hold_until),
@@ -192,6 +195,60 @@ SELECT token = ? AND held AND deadline > {{now}}, token, held, {{us deadline}}, 
 FROM {{table}} WHERE ` + "`key`" + ` = ?
 LOCK IN SHARE MODE`
 )
+
+// acquireBatchSQL is acquireSQL for many keys in one statement and one
+// commit, at one instant of the database clock (group commit, see
+// groupcommit.go): ?1 is a JSON array of [key, lease in µs, owner, value
+// in base64 or null for none, min hold in µs (0 for none)], one element
+// per key, in key order, read by JSON_TABLE (one statement text for every
+// batch size). Its rows are acquireSQL's VALUES, and its ON DUPLICATE KEY
+// UPDATE clause and RETURNING are acquireSQL's, taken from its text (a
+// change to one is a change to both): the server applies the clause row
+// by row, in the array's order, each row's first assignment taking its
+// decision into LAST_INSERT_ID(expr) before the row's later assignments
+// read it, and RETURNING gives each row after the statement, with its key
+// first.
+var acquireBatchSQL = batchOfAcquire(acquireSQL)
+
+// batchOfAcquire is acquireBatchSQL made from single (acquireSQL).
+func batchOfAcquire(single string) string {
+	head, rest, ok1 := strings.Cut(single, "\nVALUES (")
+	_, update, ok2 := strings.Cut(rest, "\nON DUPLICATE KEY UPDATE\n")
+	update, returning, ok3 := strings.Cut(update, "\nRETURNING ")
+	if !ok1 || !ok2 || !ok3 {
+		panic("sqllock/mariadb: acquireSQL lost the shape that acquireBatchSQL is made from")
+	}
+	return head + `
+SELECT r.k, 1, 1, {{now}} + INTERVAL r.us MICROSECOND, r.o, FROM_BASE64(r.v), IF(r.h > 0, {{now}} + INTERVAL r.h MICROSECOND, NULL)
+FROM JSON_TABLE(?, '$[*]' COLUMNS (k VARBINARY(512) PATH '$[0]', us BIGINT PATH '$[1]', o VARBINARY(512) PATH '$[2]',
+	v VARCHAR(8192) PATH '$[3]', h BIGINT PATH '$[4]')) AS r
+ON DUPLICATE KEY UPDATE
+` + update + "\nRETURNING `key`, " + returning
+}
+
+// releaseBatchSQL is releaseSQL for many leases in one statement and one
+// commit, at one instant (group commit): ?1 is a JSON array of [key,
+// token, owner], one element per key, in key order. Its ON DUPLICATE KEY
+// UPDATE clause and RETURNING are releaseSQL's, taken from its text, with
+// the key first in RETURNING; the SELECT keeps only keys that have a row,
+// so that it never inserts: a key without a row is absent from the result.
+var releaseBatchSQL = batchOfRelease(releaseSQL)
+
+// batchOfRelease is releaseBatchSQL made from single (releaseSQL).
+func batchOfRelease(single string) string {
+	head, rest, ok1 := strings.Cut(single, "\nSELECT ?, ?, 0, {{now}}, ? FROM DUAL\n")
+	_, update, ok2 := strings.Cut(rest, "\nON DUPLICATE KEY UPDATE\n")
+	update, returning, ok3 := strings.Cut(update, "\nRETURNING ")
+	if !ok1 || !ok2 || !ok3 {
+		panic("sqllock/mariadb: releaseSQL lost the shape that releaseBatchSQL is made from")
+	}
+	return head + `
+SELECT r.k, r.tok, 0, {{now}}, r.o
+FROM JSON_TABLE(?, '$[*]' COLUMNS (k VARBINARY(512) PATH '$[0]', tok BIGINT PATH '$[1]', o VARBINARY(512) PATH '$[2]')) AS r
+WHERE EXISTS (SELECT 1 FROM {{table}} AS c WHERE c.` + "`key`" + ` = r.k)
+ON DUPLICATE KEY UPDATE
+` + update + "\nRETURNING `key`, " + returning
+}
 
 // lockWaitPrefix is stmtPrefix for a lock wait of lockWait seconds, or
 // nothing when the session's innodb_lock_wait_timeout, as New read it, is
