@@ -107,9 +107,14 @@ func testReapedKeyExhausted(t *testing.T, h Harness) {
 	if n := reap(t, r, 0, 10); n != 1 {
 		t.Fatalf("Reap = %d, want 1", n)
 	}
-	_, err := b.TryAcquire(ctx(t), sqllock.AcquireRequest{Key: "k", TTL: ttl, Owner: "o"})
-	if !errors.Is(err, sqllock.ErrTokenExhausted) {
-		t.Fatalf("acquire of a key reaped at MaxInt64 = %v, want ErrTokenExhausted (never a token from the start again)", err)
+	// Closed: no grant (memory says ErrTokenExhausted; a SQL backend's
+	// first row cannot be above the floor, and its insert fails).
+	l, err := b.TryAcquire(ctx(t), sqllock.AcquireRequest{Key: "k", TTL: ttl, Owner: "o"})
+	if err == nil {
+		t.Fatalf("acquire of a key reaped at MaxInt64 granted token %d, want a refusal (never a token from the start again)", l.Token)
+	}
+	if i, ok := info(t, b, "k"); ok && i.Held {
+		t.Fatalf("after the refused acquire List = %+v, want no holder", i)
 	}
 }
 
