@@ -32,6 +32,7 @@ func reapTests() []struct {
 		{"ReapedLeaseIsLost", testReapedLeaseIsLost},
 		{"ReapRacesFirstGrants", testReapRacesFirstGrants},
 		{"ReapRacesBatchRenewals", testReapRacesBatchRenewals},
+		{"ReapedKeysOfASetContinue", testReapedKeysOfASet},
 	}
 }
 
@@ -299,4 +300,31 @@ func testReapRacesBatchRenewals(t *testing.T, h Harness) {
 		}
 	}
 	<-done
+}
+
+// testReapedKeysOfASet: the all-or-nothing acquire of a set
+// ([sqllock.MultiAcquirer]) inserts a reaped key's first row above every
+// token it had, as a single acquire does.
+func testReapedKeysOfASet(t *testing.T, h Harness) {
+	b := h.New(t)
+	r := reaper(t, b)
+	ma, ok := b.(sqllock.MultiAcquirer)
+	if !ok {
+		t.Skip("backend does not implement sqllock.MultiAcquirer")
+	}
+	a := ended(t, h, b, "a", 3)
+	z := ended(t, h, b, "z", 2)
+	if n := reap(t, r, 0, 10); n != 2 {
+		t.Fatalf("Reap = %d, want 2", n)
+	}
+	ls, err := ma.TryAcquireAll(ctx(t), sqllock.MultiAcquireRequest{Keys: []string{"a", "z"}, TTL: ttl, Owner: "set"})
+	if err != nil {
+		t.Fatalf("TryAcquireAll after the reap: %v", err)
+	}
+	last := map[string]int64{"a": a, "z": z}
+	for _, l := range ls {
+		if l.Token <= last[l.Key] {
+			t.Errorf("key %q of a set after its reap: token %d, want > %d: G2", l.Key, l.Token, last[l.Key])
+		}
+	}
 }
