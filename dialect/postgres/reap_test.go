@@ -223,3 +223,60 @@ func TestReapFloorInEveryInsert(t *testing.T) {
 	require.True(t, granted)
 	require.Greater(t, token, last, "a first row from the batch statement after its key's reap")
 }
+
+// A table at 00005 whose leases a Backend of that version holds (one held,
+// one ended) is upgraded by 00006 while they are held: no row changes,
+// the held lease renews (through either Backend) and is never reaped; the
+// ended key is reaped and granted again above its tokens by a new
+// Backend; the old Backend's statements (version 5's: a first row takes
+// token 1) then fail closed for a key without a row, the reaped one or a
+// new one, while its leases of keys with rows keep working; and the old
+// Backend cannot reap.
+func TestUpgradeToReapingKeepsLeases(t *testing.T) {
+	t.Parallel()
+	db, upgrade := schemaAt(t, 5)
+	old, err := New(db.Pool, Options{})
+	require.NoError(t, err)
+	defer old.Close()
+	ctx := testCtx(t)
+	held := acquireOK(t, old, "held", "old-h", time.Hour)
+	last := endKey(t, old, "ended", 3)
+	rows := func() [][]any {
+		r, err := db.Pool.Query(ctx, `SELECT key, token, held, deadline, owner FROM `+old.table+` ORDER BY key`)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(r, func(row pgx.CollectableRow) ([]any, error) { return row.Values() })
+		require.NoError(t, err)
+		return out
+	}
+	before := rows()
+
+	upgrade()
+	require.Equal(t, before, rows(), "the migration changed a lease")
+	b, err := New(db.Pool, Options{})
+	require.NoError(t, err)
+	defer b.Close()
+	require.Zero(t, floorOf(t, b), "no row was ever deleted before 00006")
+	_, err = b.TryRenew(ctx, held, time.Hour)
+	require.NoError(t, err, "the lease held across the upgrade renews (new Backend)")
+	_, err = old.TryRenew(ctx, held, time.Hour)
+	require.NoError(t, err, "the lease held across the upgrade renews (old Backend)")
+
+	_, err = old.Reap(ctx, 0, 10)
+	require.ErrorIs(t, err, sqllock.ErrSchemaMissing, "a Backend that read version 5 does not reap")
+	n, err := b.Reap(ctx, 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the ended key, never the held one")
+
+	for _, key := range []string{"ended", "brand-new"} {
+		_, err := old.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: "old-late"})
+		require.Error(t, err, "the old statement's first row of %q (token 1) after a reap", key)
+		require.NotErrorIs(t, err, sqllock.ErrNotAcquired, "%q: failed closed, not refused as held", key)
+	}
+	require.Len(t, rows(), 1, "the refused first rows left nothing")
+	require.NoError(t, old.Release(ctx, held))
+	again := acquireOK(t, old, "held", "old-again", time.Minute)
+	require.Equal(t, held.Token+1, again.Token, "the old Backend's keys with rows keep working")
+
+	l := acquireOK(t, b, "ended", "new", time.Minute)
+	require.Greater(t, l.Token, last, "a reaped key continues above every token it had")
+}
