@@ -36,6 +36,12 @@
 
 -- +goose Up
 CREATE SEQUENCE {{.Floor}} AS bigint MINVALUE 0 START WITH 0 NO CYCLE;
+-- Every role that acquires reads the floor (a first row's token, and the
+-- check after the insert, which runs as that role): the lock table's
+-- SELECT, INSERT and UPDATE stay all the backend needs. Raising it (setval,
+-- in the reaper's delete) needs UPDATE on it, granted with DELETE on the
+-- table to the role that reaps.
+GRANT SELECT ON SEQUENCE {{.Floor}} TO PUBLIC;
 
 DROP TRIGGER sqllock_keep_rows ON {{.Table}};
 CREATE TRIGGER sqllock_keep_rows BEFORE TRUNCATE ON {{.Table}}
