@@ -26,9 +26,12 @@ import (
 type Backend struct {
 	now func() time.Time
 
-	mu      sync.Mutex // guards keys and batches
+	mu      sync.Mutex // guards keys, floor and batches
 	keys    map[string]*entry
 	batches uint64 // batch renewals so far
+	// floor is the largest token of every key ever reaped: a key's first
+	// grant takes floor + 1, so a reaped key never gets an old token back.
+	floor   int64
 	signals wait.Signals
 }
 
@@ -48,6 +51,7 @@ var (
 	_ sqllock.Backend      = (*Backend)(nil)
 	_ sqllock.Watcher      = (*Backend)(nil)
 	_ sqllock.BatchRenewer = (*Backend)(nil)
+	_ sqllock.Reaper       = (*Backend)(nil)
 )
 
 // New returns an empty Backend whose clock is [time.Now].
@@ -76,7 +80,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	e := b.keys[req.Key]
 	switch {
 	case e == nil:
-		e = &entry{}
+		e = &entry{token: b.floor}
 		b.keys[req.Key] = e
 	case e.held && now.Before(e.deadline) && e.owner == req.Owner:
 		// A retry of this very acquire: same grant, extended.

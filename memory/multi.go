@@ -45,7 +45,7 @@ func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 		e := b.keys[k]
 		switch {
 		case e == nil:
-			e = &entry{}
+			e = &entry{token: b.floor}
 			b.keys[k] = e
 		case e.held && now.Before(e.deadline) && e.owner == req.Owner:
 			e.deadline = later(now.Add(req.TTL), e.holdUntil)

@@ -137,6 +137,15 @@ const (
 	forwardReplaceSuffix = "_fwd_rep"
 )
 
+// Suffixes of migration 00005 (SQLite) and 00006 (PostgreSQL), reaping:
+// the table-wide token floor (a table on SQLite, a sequence on
+// PostgreSQL), SQLite's trigger that raises it on a delete and
+// PostgreSQL's trigger function that refuses a first row at or below it.
+const (
+	floorSuffix = "_floor"
+	raiseSuffix = "_raise"
+)
+
 // quotedObject returns the quoted name of the lock table's trigger (SQLite)
 // or trigger function (PostgreSQL) with suffix.
 func (o Options) quotedObject(d Dialect, suffix string) string {
@@ -171,9 +180,10 @@ func FS(d Dialect, o Options) (fs.FS, error) {
 		return nil, err
 	}
 	schema, table, _ := o.quoted(d)
-	data := struct{ Schema, Table, Keep, Forward, ForwardReplace string }{
+	data := struct{ Schema, Table, Keep, Forward, ForwardReplace, Floor, Raise string }{
 		schema, table,
 		o.quotedObject(d, keepSuffix), o.quotedObject(d, forwardSuffix), o.quotedObject(d, forwardReplaceSuffix),
+		o.quotedObject(d, floorSuffix), o.quotedObject(d, raiseSuffix),
 	}
 
 	names, err := fs.Glob(embedded, path.Join(string(d), "*.sql"))

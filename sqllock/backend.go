@@ -20,7 +20,9 @@ type Backend interface {
 	// released, or its deadline is at or before the backend's now. A grant
 	// sets token = previous token + 1 (strictly greater than every token ever
 	// issued for the key), held, deadline = now + TTL, owner = req.Owner,
-	// in one atomic step.
+	// in one atomic step. A key without a row (new, or deleted by a
+	// [Reaper]) starts above the backend's floor, which is above every
+	// token of every key ever reaped: G2 holds across reaping too.
 	//
 	// If the key is held, unexpired, by the same req.Owner, the request is a
 	// retry of an acquire whose reply was lost: the backend returns that

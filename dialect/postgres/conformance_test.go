@@ -5,6 +5,7 @@ import (
 	"path"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -55,7 +56,7 @@ const watchRule = "WatchSignalsRelease"
 
 // pollOnly is a Backend as a Client sees it with DisableNotify: without
 // the Watcher (embedding the interface promotes its four methods only),
-// with batch renewal, permits and the acquire of a set.
+// with batch renewal, permits, the acquire of a set and reaping.
 type pollOnly struct {
 	sqllock.Backend
 	pg *Backend
@@ -67,6 +68,10 @@ func (p pollOnly) TryAcquirePermit(ctx context.Context, req sqllock.PermitReques
 
 func (p pollOnly) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireRequest) ([]sqllock.Lease, error) {
 	return p.pg.TryAcquireAll(ctx, req)
+}
+
+func (p pollOnly) Reap(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+	return p.pg.Reap(ctx, olderThan, limit)
 }
 
 func (p pollOnly) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {

@@ -19,6 +19,11 @@ type permitStatements struct {
 	acquire, acquireWait string
 }
 
+// permitVersion is the schema version semaphores need: every column up
+// to 00005's (their rows are never reaped, so 00006's floor is not
+// needed).
+const permitVersion = 5
+
 func renderPermit(table string, notify bool) permitStatements {
 	s := schema{Table: table, Version: latest}
 	plain := fill("permit_acquire", s)
@@ -34,7 +39,7 @@ func renderPermit(table string, notify bool) permitStatements {
 // semaphore raced, the [*sqllock.PermitsHeldError] names no holder: try
 // again at once. Errors of an unknown outcome are as for TryAcquire:
 // repeating the same request (same owner) returns the grant if it was
-// applied. Semaphores need the latest schema (migration 00005).
+// applied. Semaphores need migration 00005 (permitVersion).
 func (b *Backend) TryAcquirePermit(ctx context.Context, req sqllock.PermitRequest) (sqllock.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
@@ -46,9 +51,9 @@ func (b *Backend) TryAcquirePermit(ctx context.Context, req sqllock.PermitReques
 	if err != nil {
 		return sqllock.Lease{}, err
 	}
-	if st.version < latest {
+	if st.version < permitVersion {
 		return sqllock.Lease{}, fmt.Errorf("%w: table %s is at schema version %d; semaphores need migration %05d (run `sqllock migrate up`, then rebuild the Backend)",
-			sqllock.ErrSchemaMissing, b.table, st.version, latest)
+			sqllock.ErrSchemaMissing, b.table, st.version, permitVersion)
 	}
 	q := b.permit.acquire
 	if b.watched(req.Key) {

@@ -40,9 +40,17 @@ type schema struct {
 	DurableRelease bool
 }
 
-// latest is the schema version of the newest migration whose columns the
-// statements use; a table at an older one gets statements without them.
-const latest = 5
+// Floor is the quoted name of the table's token floor, the sequence of
+// migration 00006: the table's quoted name with "_floor" at the end of
+// its last part (identifiers are validated, so they hold no quote).
+func (s schema) Floor() string {
+	return strings.TrimSuffix(s.Table, `"`) + `_floor"`
+}
+
+// latest is the schema version of the newest migration whose columns (or,
+// for 00006, the token floor) the statements use; a table at an older one
+// gets statements without them.
+const latest = 6
 
 // statements are a Backend's statements for one schema version. acquire is
 // the plain form of the acquire, acquireWait its waiting form (TryAcquire
@@ -55,6 +63,7 @@ type statements struct {
 	renew, renewBatch, fence, channel, schema string
 	acquireBatch, releaseBatch                string
 	acquireAll                                string // multi.go
+	reap                                      string // reap.go, from 00006
 	waited, value, hold, durableRelease       bool
 }
 
@@ -70,6 +79,7 @@ func render(s schema) *statements {
 		fence: fill("fence", s), channel: fill("channel", s), schema: fill("schema", s),
 		acquireBatch: fill("acquire_batch", plain), releaseBatch: fill("release_batch", s),
 		acquireAll: fill("acquire_all", plain),
+		reap:       fill("reap", plain),
 		waited:     s.Version >= 3, value: s.Version >= 4, hold: s.Version >= 5, durableRelease: s.DurableRelease,
 	}
 }

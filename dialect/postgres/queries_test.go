@@ -15,7 +15,10 @@ import (
 // server would refuse them on a table at that version) and no parameter
 // the Go side does not bind there.
 func TestStatementsPerVersion(t *testing.T) {
-	later := map[int][]string{2: {"l.waited", "c.waited", "w.waited", "waited =", "$4", "hold_until", "$5"}, 3: {"$4", "hold_until", "$5"}, 4: {"hold_until", "$5"}}
+	later := map[int][]string{
+		2: {"l.waited", "c.waited", "w.waited", "waited =", "$4", "hold_until", "$5", "_floor"}, 3: {"$4", "hold_until", "$5", "_floor"},
+		4: {"hold_until", "$5", "_floor"}, 5: {"_floor"},
+	}
 	for v := 2; v <= latest; v++ {
 		for _, notify := range []bool{false, true} {
 			for _, durable := range []bool{false, true} {
@@ -38,6 +41,8 @@ func TestStatementsPerVersion(t *testing.T) {
 				require.Equal(t, v >= 3, st.waited, name)
 				require.Equal(t, v >= 4, st.value, name)
 				require.Equal(t, v >= 5, st.hold, name)
+				require.Equal(t, v >= 6, strings.Contains(st.acquire, `"s"."t_floor"`), "%s: a first row takes the floor", name)
+				require.Equal(t, v >= 6, strings.Contains(st.acquireAll, `"s"."t_floor"`), "%s: a first row of a set takes the floor", name)
 			}
 		}
 	}

@@ -34,6 +34,7 @@ type Backend struct {
 	renewBatchSQL, nowSQL                                           string
 	permit                                                          permitQueries
 	acquireAllSQL                                                   string // multi.go
+	reapSQL, reapBeginSQL, reapEndSQL                               string // reap.go
 
 	retryTimeout time.Duration
 	writeSlot    writeSlot // one write statement at a time per Backend, renewals first

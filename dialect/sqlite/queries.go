@@ -24,6 +24,9 @@ var queryTemplates = template.Must(template.New("").Option("missingkey=error").P
 // {{template "grant" .}} (queries/new_tenure.sql, queries/grant.sql).
 type holes struct {
 	Table string // quoted
+	// Floor is the quoted table of the token floor (migration 00005): a
+	// key's first row takes its floor + 1.
+	Floor string
 	// Now is the SQL expression of the database clock: [nowMS], but in
 	// tests, which step it.
 	Now string
@@ -39,7 +42,7 @@ const nowMS = `CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER)`
 // the SQL expression of the clock ([nowMS]; tests step it). New and Open
 // call it once; no operation renders.
 func (b *Backend) renderQueries(now string) {
-	h := holes{Table: sqlident.QuoteSQLite(b.table), Now: now}
+	h := holes{Table: sqlident.QuoteSQLite(b.table), Floor: sqlident.QuoteSQLite(b.table + "_floor"), Now: now}
 	b.acquireSQL = fill(queryTemplates, "acquire", h)
 	b.renewSQL = fill(queryTemplates, "renew", h)
 	b.renewBatchSQL = fill(queryTemplates, "renew_batch", h)
@@ -50,6 +53,9 @@ func (b *Backend) renderQueries(now string) {
 	b.listSQL = fill(queryTemplates, "list", h)
 	b.listFromSQL = fill(queryTemplates, "list_from", h)
 	b.permit = renderPermitQueries(h)
+	b.reapSQL = fill(queryTemplates, "reap", h)
+	b.reapBeginSQL = fill(queryTemplates, "reap_begin", h)
+	b.reapEndSQL = fill(queryTemplates, "reap_end", h)
 }
 
 // fill renders the statement in the file name.sql of t for h.

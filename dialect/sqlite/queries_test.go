@@ -28,6 +28,7 @@ func TestStatementsAsSent(t *testing.T) {
 		{"list", b.listSQL}, {"list_from", b.listFromSQL},
 		{"permit_acquire", b.permit.acquire}, {"permit_peek", b.permit.peek}, {"permit_create", b.permit.create},
 		{"acquire_all", b.acquireAllSQL},
+		{"reap_begin", b.reapBeginSQL}, {"reap", b.reapSQL}, {"reap_end", b.reapEndSQL},
 	} {
 		require.NotContains(t, s.sql, "{{", "%s: a hole left unfilled", s.name)
 		got.WriteString("-- " + s.name + "\n" + s.sql + "\n\n")

@@ -45,6 +45,9 @@ const (
 	Renew       Op = "renew"
 	Release     Op = "release"
 	List        Op = "list"
+	// Reap deletes ended keys; repeating it is harmless, so a failure in
+	// flight is merely unavailable.
+	Reap Op = "reap"
 	// Fence starts a fenced transaction: it checks the lease and changes
 	// nothing of the caller's.
 	Fence Op = "fenced transaction"

@@ -40,3 +40,4 @@ CREATE TRIGGER sqllock_keep_rows BEFORE DELETE OR TRUNCATE ON {{.Table}}
 -- a stale holder. Only for uninstalling ashlock. The schema is left in place.
 DROP TABLE {{.Table}};
 DROP FUNCTION IF EXISTS {{.Keep}}();
+DROP FUNCTION IF EXISTS {{.Raise}}(); -- 00006's, if it was ever applied

@@ -60,6 +60,7 @@ func Run(t *testing.T, h Harness) {
 		{"Permits", testPermits},
 	}
 	tests = append(tests, multiTests()...)
+	tests = append(tests, reapTests()...)
 	for _, tt := range tests {
 		if h.NoMinHold && strings.HasPrefix(tt.name, "MinHold") {
 			tt.fn = testMinHoldRefused

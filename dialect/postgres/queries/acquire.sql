@@ -4,7 +4,9 @@ $5 µs from 00005), or reports the holder, in one statement that locks no
 row, writes no WAL and takes no transaction id when it refuses. With
 .Notify (the waiting form, sent while the key is watched) it also marks the
 holder's lease once, so that its release notifies
-(docs/postgres-statements.md#acquire).
+(docs/postgres-statements.md#acquire). From 00006 a key's first row takes
+the floor of reaped keys + 1; migration 00006's trigger refuses it if a
+reap raised the floor past it meanwhile (docs/key-reaping.md).
 */ -}}
 WITH upd AS (
     UPDATE {{.Table}} AS l
@@ -39,7 +41,7 @@ WITH upd AS (
 ), ins AS (
 {{- if ge .Version 5}}
     INSERT INTO {{.Table}} AS l (key, token, held, deadline, owner, value, hold_until)
-    SELECT $1, 1, true, statement_timestamp() + greatest($2::bigint, $5::bigint) * interval '1 microsecond', $3, $4::bytea,
+    SELECT $1, {{if ge .Version 6}}(SELECT f.last_value + 1 FROM {{.Floor}} AS f){{else}}1{{end}}, true, statement_timestamp() + greatest($2::bigint, $5::bigint) * interval '1 microsecond', $3, $4::bytea,
            CASE WHEN $5::bigint > 0 THEN statement_timestamp() + $5::bigint * interval '1 microsecond' END
 {{- else if ge .Version 4}}
     INSERT INTO {{.Table}} AS l (key, token, held, deadline, owner, value)

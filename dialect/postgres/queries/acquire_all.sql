@@ -55,7 +55,7 @@ WITH now AS MATERIALIZED (
     RETURNING l.key, l.token, l.deadline, {{template "durable"}} AS durable
 ), ins AS (
     INSERT INTO {{.Table}} AS l (key, token, held, deadline, owner, value, hold_until)
-    SELECT r.key, 1, true, n.now + $2::bigint * interval '1 microsecond', $3, $4::bytea, NULL
+    SELECT r.key, {{if ge .Version 6}}(SELECT f.last_value + 1 FROM {{.Floor}} AS f){{else}}1{{end}}, true, n.now + $2::bigint * interval '1 microsecond', $3, $4::bytea, NULL
     FROM req AS r CROSS JOIN now AS n
     WHERE (SELECT d.ok FROM decided AS d) AND NOT EXISTS (SELECT FROM seen AS s WHERE s.key = r.key)
     ORDER BY r.key

@@ -3,7 +3,8 @@ acquire_batch: acquire for many keys in one statement and one commit (group
 commit), with every per-key rule of acquire at the batch's one "now"; the
 plain form only (a waiting acquire is always sent alone). Rows locked in key
 order, SKIP LOCKED: a row grantable but locked comes back "skipped" and is
-sent again alone. Sent only on a table at version 5
+sent again alone. A key's first row takes the floor of reaped keys + 1,
+as acquire's. Sent only on a table at version 6
 (docs/postgres-statements.md#batches).
 */ -}}
 WITH now AS MATERIALIZED (
@@ -41,7 +42,7 @@ WITH now AS MATERIALIZED (
     RETURNING l.key, l.token, l.deadline
 ), ins AS (
     INSERT INTO {{.Table}} AS l (key, token, held, deadline, owner, value, hold_until)
-    SELECT r.key, 1, true, n.now + greatest(r.micros, r.hold) * interval '1 microsecond', r.owner, r.value,
+    SELECT r.key, (SELECT f.last_value + 1 FROM {{.Floor}} AS f), true, n.now + greatest(r.micros, r.hold) * interval '1 microsecond', r.owner, r.value,
            CASE WHEN r.hold > 0 THEN n.now + r.hold * interval '1 microsecond' END
     FROM req AS r CROSS JOIN now AS n
     WHERE NOT EXISTS (SELECT FROM {{.Table}} AS c WHERE c.key = r.key)

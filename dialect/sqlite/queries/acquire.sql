@@ -3,11 +3,13 @@ acquire: grants key ?1 to owner ?3 for ?2 ms (value ?4, NULL for none; min
 hold ?5 ms, 0 for none), or returns the row unchanged, written to itself so
 that a refusal writes nothing; the caller tells a grant from the returned
 row (held, owner ?3, deadline > now). The inserted row carries the key's
-current token, as migration 00002's trigger requires
+current token, as migration 00002's trigger requires, or for a key without
+a row the floor of reaped keys + 1 (migration 00005), which the upsert
+keeps: a new row's token is above every token a reaped key had
 (docs/sqlite-statements.md#acquire).
 */ -}}
 INSERT INTO {{.Table}} (key, token, held, deadline, owner, value, hold_until)
-VALUES (?1, coalesce((SELECT token FROM {{.Table}} WHERE key = ?1), 1), 1, {{.Now}} + max(?2, ?5), ?3, ?4, CASE WHEN ?5 > 0 THEN {{.Now}} + ?5 END)
+VALUES (?1, coalesce((SELECT token FROM {{.Table}} WHERE key = ?1), (SELECT floor + 1 FROM {{.Floor}})), 1, {{.Now}} + max(?2, ?5), ?3, ?4, CASE WHEN ?5 > 0 THEN {{.Now}} + ?5 END)
 ON CONFLICT (key) DO UPDATE SET
 	token    = token + {{template "new_tenure" .}},
 	held     = CASE WHEN {{template "grant" .}} THEN 1 ELSE held END,

@@ -1,6 +1,6 @@
 -- acquire
 INSERT INTO "sqllock_locks" (key, token, held, deadline, owner, value, hold_until)
-VALUES (?1, coalesce((SELECT token FROM "sqllock_locks" WHERE key = ?1), 1), 1, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + max(?2, ?5), ?3, ?4, CASE WHEN ?5 > 0 THEN CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + ?5 END)
+VALUES (?1, coalesce((SELECT token FROM "sqllock_locks" WHERE key = ?1), (SELECT floor + 1 FROM "sqllock_locks_floor")), 1, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + max(?2, ?5), ?3, ?4, CASE WHEN ?5 > 0 THEN CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + ?5 END)
 ON CONFLICT (key) DO UPDATE SET
 	token    = token + ((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807),
 	held     = CASE WHEN (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN 1 ELSE held END,
@@ -85,7 +85,7 @@ WITH blocked AS (
 	WHERE NOT (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (t.held AND t.deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND t.owner = ?3))
 )
 INSERT INTO "sqllock_locks" (key, token, held, deadline, owner, value, hold_until)
-SELECT s.key, coalesce((SELECT c.token FROM "sqllock_locks" AS c WHERE c.key = s.key), 1),
+SELECT s.key, coalesce((SELECT c.token FROM "sqllock_locks" AS c WHERE c.key = s.key), (SELECT f.floor + 1 FROM "sqllock_locks_floor" AS f)),
 	NOT EXISTS (SELECT 1 FROM blocked), CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + ?2, ?3, ?4, NULL
 FROM (SELECT j.value AS key FROM json_each(?1) AS j) AS s
 WHERE NOT EXISTS (SELECT 1 FROM blocked) OR s.key = (SELECT min(b.key) FROM blocked AS b)
@@ -98,4 +98,19 @@ ON CONFLICT (key) DO UPDATE SET
 	owner    = CASE WHEN excluded.held AND (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN excluded.owner ELSE owner END,
 	value    = CASE WHEN excluded.held AND (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN excluded.value ELSE value END
 RETURNING key, token, held, deadline, owner, value, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), coalesce(hold_until > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), 0)
+
+-- reap_begin
+UPDATE "sqllock_locks_floor" SET reaping = 1
+
+-- reap
+DELETE FROM "sqllock_locks"
+WHERE key IN (
+    SELECT c.key FROM "sqllock_locks" AS c
+    WHERE c.deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) - ?1 AND c.key NOT LIKE '%#permit%'
+    ORDER BY c.key
+    LIMIT ?2)
+  AND deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) - ?1
+
+-- reap_end
+UPDATE "sqllock_locks_floor" SET reaping = 0
 

@@ -35,7 +35,7 @@ type mutantDB struct {
 
 func newMutantDB(mem *memory.Backend, mutant string) *mutantDB {
 	switch mutant {
-	case MutantRenewIgnoresToken, MutantReleaseDeletesRow, MutantPermitsPlusOne:
+	case MutantRenewIgnoresToken, MutantReleaseDeletesRow, MutantPermitsPlusOne, MutantReapForgetsFloor:
 	default:
 		panic(fmt.Sprintf("sim: unknown backend mutant %q", mutant))
 	}

@@ -104,6 +104,11 @@ type Config struct {
 	// permits: sessions take a permit (Client.AcquirePermit) and fence
 	// their writes by the permit's key and token (see permit.go).
 	Permits int
+	// Reap, when set, makes every Expire fault reap the keys whose lease
+	// ended (memory's Reap with no retention) right after it expires its
+	// key, so that keys are deleted and granted again in the middle of
+	// everything else (see reap.go).
+	Reap bool
 }
 
 // Result is one run's record.
@@ -229,7 +234,10 @@ func Run(cfg Config) *Result {
 	if w.active[faultbackend.Busy] {
 		w.prob[faultbackend.Busy] = 0.1
 	}
-	params := history.Params{Poll: Poll + 2*spread, TokenStep1: true, ClockStepsBeyondMargin: cfg.Scenario == ClockStep}
+	// A reaped key's next grant starts above the floor (the largest token
+	// any reaped key had), so with reaps tokens strictly increase but may
+	// skip.
+	params := history.Params{Poll: Poll + 2*spread, TokenStep1: !cfg.Reap, ClockStepsBeyondMargin: cfg.Scenario == ClockStep}
 	if cfg.Permits > 0 {
 		params = permitParams(params, cfg, nKeys)
 	}
@@ -508,8 +516,12 @@ func (w *world) drive() {
 			d := w.jitter(-w.maxOff-off, 2*w.maxOff)
 			w.db.StepClock(d)
 		case w.active[Expire] && u < 0.06:
-			w.db.Expire(w.expiring(w.keys[w.rng.IntN(len(w.keys))]))
+			key := w.expiring(w.keys[w.rng.IntN(len(w.keys))])
+			w.db.Expire(key)
 			w.count(Expire)
+			if w.cfg.Reap {
+				w.reap(key)
+			}
 		default:
 			i := w.rng.IntN(len(w.clients))
 			if !w.busy[i] {

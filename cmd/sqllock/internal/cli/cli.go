@@ -115,6 +115,7 @@ func commands() []command {
 		{"leader", "print the current leader of an election (exit 75: no leader)", cmdLeader},
 		{"list", "list locks: key, held, owner, fencing token, time left, value", cmdList},
 		{"release", "end a lease by key, whoever holds it (needs --force)", cmdRelease},
+		{"prune", "delete keys whose lease ended long ago (tokens never go back)", cmdPrune},
 		{"bench", "load-test the lock table of a database (like pgbench, for locks)", cmdBench},
 	}
 }
