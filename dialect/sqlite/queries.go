@@ -27,6 +27,8 @@ type holes struct {
 	// Now is the SQL expression of the database clock: [nowMS], but in
 	// tests, which step it.
 	Now string
+	// Mark renders acquire as a waiting writer's (acquire_mark).
+	Mark bool
 }
 
 // nowMS is SQLite's clock in integer Unix milliseconds. SQLite evaluates
@@ -50,6 +52,10 @@ func (b *Backend) renderQueries(now string) {
 	b.listSQL = fill(queryTemplates, "list", h)
 	b.listFromSQL = fill(queryTemplates, "list_from", h)
 	b.permit = renderPermitQueries(h)
+	b.shared = renderSharedQueries(h)
+	mh := h
+	mh.Mark = true
+	b.acquireMarkSQL = fill(queryTemplates, "acquire", mh)
 }
 
 // fill renders the statement in the file name.sql of t for h.

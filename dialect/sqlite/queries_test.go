@@ -28,6 +28,8 @@ func TestStatementsAsSent(t *testing.T) {
 		{"list", b.listSQL}, {"list_from", b.listFromSQL},
 		{"permit_acquire", b.permit.acquire}, {"permit_peek", b.permit.peek}, {"permit_create", b.permit.create},
 		{"acquire_all", b.acquireAllSQL},
+		{"acquire_mark", b.acquireMarkSQL},
+		{"shared_acquire", b.shared.acquire}, {"shared_renew", b.shared.renew}, {"shared_release", b.shared.release},
 	} {
 		require.NotContains(t, s.sql, "{{", "%s: a hole left unfilled", s.name)
 		got.WriteString("-- " + s.name + "\n" + s.sql + "\n\n")
