@@ -56,7 +56,9 @@ func pre5Try(t *testing.T, db *sql.DB, key, owner string) bool {
 
 // TestSQLiteUpgradeToSharedKeepsLeases: a database at migration 00004
 // whose lease a process of the previous release holds (and renews across
-// the upgrade) is upgraded by migration 00005: no row changes, the lease
+// the upgrade) is upgraded by migration 00005. Before it, this release
+// refuses every acquire with ErrSchemaMissing, writing nothing. The
+// migration changes no row, the lease
 // stays its holder's, refused to readers and writers, and its old renewal
 // still works. After the upgrade the old acquire fails closed on a key
 // held shared: it never grants it beside a reader, whatever it knows of
@@ -77,6 +79,21 @@ func TestSQLiteUpgradeToSharedKeepsLeases(t *testing.T) {
 
 	require.True(t, pre5Try(t, db, "a", "old-a"))
 	before := lockRows(t, db)
+
+	// This release on the table before 00005 refuses, writing nothing,
+	// rather than grant without the columns it reads.
+	pre, err := sqlite.New(db, sqlite.Options{})
+	require.NoError(t, err)
+	defer pre.Close()
+	for _, req := range []sqllock.AcquireRequest{
+		{Key: "n", TTL: time.Minute, Owner: "o"},
+		{Key: "n", TTL: time.Minute, Owner: "o", Shared: true},
+	} {
+		_, err = pre.TryAcquire(ctx, req)
+		require.ErrorIs(t, err, sqllock.ErrSchemaMissing, "shared=%v on a table before 00005", req.Shared)
+		require.Contains(t, err.Error(), "sqllock migrate up")
+	}
+	require.Equal(t, before, lockRows(t, db), "the refused acquires wrote nothing")
 	require.NoError(t, migrations.Up(ctx, migrations.SQLite, db, migrations.Options{}))
 	require.Equal(t, before, lockRows(t, db), "the migration changed a lease")
 
