@@ -45,6 +45,13 @@ type entry struct {
 	// holdUntil is the latest grant's time + its MinHold (zero for none):
 	// a release by the holder before it keeps the key until then.
 	holdUntil time.Time
+
+	// Shared locks, on a key's entry (shared.go).
+	shared       int
+	epoch        int64
+	slots        int
+	markOwner    string
+	markDeadline time.Time
 }
 
 var (
@@ -68,6 +75,9 @@ func NewWithClock(now func() time.Time) *Backend {
 
 // TryAcquire implements [sqllock.Backend].
 func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	if req.Shared {
+		return b.tryAcquireShared(ctx, req)
+	}
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
 	}
@@ -88,15 +98,27 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		return b.lease(req.Key, e, now), nil
 	case e.held && now.Before(e.deadline),
 		!e.held && now.Before(e.holdUntil) && now.Before(e.deadline): // released inside its min hold
-		return sqllock.Lease{}, &sqllock.HeldError{
+		he := &sqllock.HeldError{
 			Key: req.Key, Owner: e.owner, Token: e.token, Remaining: e.deadline.Sub(now), Value: bytes.Clone(e.value),
 		}
+		if liveShared(e, now) {
+			he.Shared = e.shared
+		}
+		if req.Mark && (!marked(e, now) || e.markOwner == req.Owner) {
+			// A waiting writer: new shared grants are refused from now on.
+			e.markOwner, e.markDeadline = req.Owner, now.Add(req.TTL)
+		}
+		he.WaitingWriter = e.waitingWriter(now)
+		return sqllock.Lease{}, he
 	}
 	if e.token == math.MaxInt64 {
 		return sqllock.Lease{}, sqllock.ErrTokenExhausted
 	}
 	e.token++
 	e.held = true
+	if e.markOwner == req.Owner {
+		e.markOwner, e.markDeadline = "", time.Time{} // the writer holds: its mark ends
+	}
 	e.holdUntil = time.Time{}
 	if req.MinHold > 0 {
 		e.holdUntil = now.Add(req.MinHold)
@@ -128,6 +150,13 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.now()
+	if key, _, ok := sqllock.ParseSharedKey(l.Key); ok {
+		s, lost := b.renewShared(l, key, ttl, now, false)
+		if lost != nil {
+			return sqllock.Lease{}, lost
+		}
+		return b.lease(l.Key, s, now), nil
+	}
 	e := b.keys[l.Key]
 	if lost := state(e, now).Loss(l); lost != nil {
 		return sqllock.Lease{}, lost
@@ -162,6 +191,15 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 	b.batches++
 	now := b.now()
 	for i, r := range reqs {
+		if key, _, ok := sqllock.ParseSharedKey(r.Lease.Key); ok {
+			s, lost := b.renewShared(r.Lease, key, r.TTL, now, true)
+			if lost != nil {
+				out[i].Err = lost
+				continue
+			}
+			s.batch = b.batches
+			continue
+		}
 		e := b.keys[r.Lease.Key]
 		if lost := state(e, now).Loss(r.Lease); lost != nil {
 			out[i].Err = lost
@@ -202,6 +240,9 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	defer b.mu.Unlock()
 	e := b.keys[l.Key]
 	now := b.now()
+	if key, _, ok := sqllock.ParseSharedKey(l.Key); ok {
+		return b.releaseShared(l, key, now)
+	}
 	st := state(e, now)
 	if st.ReleasedByOwner(l) {
 		return nil // released twice by its owner
@@ -245,6 +286,10 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		if (e.held || now.Before(e.holdUntil)) && now.Before(e.deadline) {
 			info.Held, info.Remaining = true, e.deadline.Sub(now)
 		}
+		if liveShared(e, now) {
+			info.Shared = e.shared
+		}
+		info.WaitingWriter = e.waitingWriter(now)
 		out = append(out, info)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })

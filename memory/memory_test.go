@@ -22,6 +22,7 @@ func TestConformance(t *testing.T) {
 		SetToken: func(t *testing.T, b sqllock.Backend, key string, token int64) {
 			b.(*memory.Backend).SetToken(key, token)
 		},
+		Shared: true,
 	})
 }
 

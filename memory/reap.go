@@ -26,7 +26,7 @@ func (b *Backend) Reap(ctx context.Context, olderThan time.Duration, limit int) 
 	cutoff := b.now().Add(-olderThan)
 	var gone []string
 	for k, e := range b.keys {
-		if !e.deadline.After(cutoff) && !strings.Contains(k, "#permit") {
+		if !e.deadline.After(cutoff) && !strings.Contains(k, "#permit") && !readerSlot(k) {
 			gone = append(gone, k)
 		}
 	}
@@ -39,4 +39,11 @@ func (b *Backend) Reap(ctx context.Context, olderThan time.Duration, limit int) 
 		delete(b.keys, k)
 	}
 	return len(gone), nil
+}
+
+// readerSlot reports whether k is a key's reader slot, which a reap
+// leaves alone: the slots' numbering is their key's own.
+func readerSlot(k string) bool {
+	_, _, ok := sqllock.ParseSharedKey(k)
+	return ok
 }

@@ -161,6 +161,9 @@ func (c *Client) prepareAll(keys []string, ao *AcquireOptions) (MultiAcquireRequ
 	if s.minHold != 0 {
 		return MultiAcquireRequest{}, s, fmt.Errorf("%w: AcquireAll takes no MinHold (a set of keys has no minimum hold)", ErrInvalidOption)
 	}
+	if s.shared {
+		return MultiAcquireRequest{}, s, fmt.Errorf("%w: AcquireAll takes no Shared", ErrInvalidOption)
+	}
 	one := c.request("", s)
 	req := MultiAcquireRequest{Keys: slices.Clone(keys), TTL: one.TTL, Owner: one.Owner, Value: one.Value}
 	if err := req.Validate(); err != nil {

@@ -173,6 +173,21 @@ type AcquireRequest struct {
 	// never ignores it.
 	MinHold time.Duration
 
+	// Shared asks for a shared grant of Key (many shared holders at once,
+	// never beside an exclusive one), under the rules of the package doc's
+	// shared locks ([SharedKey], docs/shared-locks.md): the lease's Key is
+	// then a reader slot's key. A backend that does not grant shared
+	// requests refuses one before any I/O with an error matching
+	// [ErrSharedUnsupported] ([AcquireRequest.Validate] does): never takes
+	// it as exclusive.
+	Shared bool
+	// Mark, on an exclusive request, is a waiting acquirer's: when the
+	// request is refused, the backend marks Key so that new shared grants
+	// are refused until this owner is granted Key or the mark's deadline
+	// (now + TTL, by the backend's clock) passes. A backend that grants no
+	// shared requests has no readers to keep out and may ignore it.
+	Mark bool
+
 	// permits, when not zero, makes the Client send the request as a
 	// permit acquire of semaphore Key with that limit ([Client.AcquirePermit]).
 	permits int
@@ -209,4 +224,11 @@ type LockInfo struct {
 	// Value is the latest grant's value (nil for none); it stays after the
 	// lease ends, like Token, until the next grant replaces it.
 	Value []byte
+	// Shared is the number of shared holders while the key is held
+	// shared (Held, Owner empty; each holder is listed under its
+	// [SharedKey]), else 0.
+	Shared int
+	// WaitingWriter is the owner of a live writer's mark on the key
+	// (new shared grants are refused), "" for none.
+	WaitingWriter string
 }

@@ -111,7 +111,7 @@ func (c *Client) request(key string, s settings) AcquireRequest {
 	var buf [MaxOwnerLen]byte
 	b := append(buf[:0], c.ownerPrefix...)
 	b = strconv.AppendUint(b, c.seq.Add(1), 10)
-	return AcquireRequest{Key: key, TTL: s.ttl, Owner: string(b), Value: s.value, MinHold: s.minHold}
+	return AcquireRequest{Key: key, TTL: s.ttl, Owner: string(b), Value: s.value, MinHold: s.minHold, Shared: s.shared}
 }
 
 // prepare validates a call's input before any I/O.
@@ -194,7 +194,11 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 	if opts == nil || opts.Wait == 0 {
 		return c.acquire(ctx, c.request(key, s), s, 0)
 	}
-	return c.acquire(ctx, c.request(key, s), s, opts.Wait)
+	req := c.request(key, s)
+	// A waiting writer marks the key on each refused attempt, so that
+	// readers that keep coming cannot starve it.
+	req.Mark = !s.shared
+	return c.acquire(ctx, req, s, opts.Wait)
 }
 
 // acquireCall is one acquire call as the loops that try, wait and settle

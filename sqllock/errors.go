@@ -81,9 +81,25 @@ type HeldError struct {
 	Token     int64         // the holder's token (0 when unknown)
 	Remaining time.Duration // the holder's remaining lease by the backend clock
 	Value     []byte        // the holder's value (nil when none, or when Owner is empty)
+	// Shared is the number of shared holders when the key is held shared
+	// (Owner is then empty and Remaining is the time until the last
+	// shared lease ends, unless released), else 0.
+	Shared int
+	// WaitingWriter is set when a shared request was refused by a
+	// writer's mark: the waiting writer's owner. Remaining is then the
+	// exclusive holder's remaining lease, or the mark's if none holds.
+	WaitingWriter string
 }
 
 func (e *HeldError) Error() string {
+	switch {
+	case e.WaitingWriter != "" && e.Owner != "":
+		return fmt.Sprintf("sqllock: not acquired: %q is held by %q for %v more, and writer %q waits for it", e.Key, e.Owner, e.Remaining, e.WaitingWriter)
+	case e.WaitingWriter != "":
+		return fmt.Sprintf("sqllock: not acquired: writer %q waits for %q (shared holders: %d), for %v more at most", e.WaitingWriter, e.Key, e.Shared, e.Remaining)
+	case e.Shared > 0:
+		return fmt.Sprintf("sqllock: not acquired: %q is held shared by %d holders, the last for %v more at most", e.Key, e.Shared, e.Remaining)
+	}
 	if e.Owner == "" {
 		return fmt.Sprintf("sqllock: not acquired: %q is held", e.Key)
 	}

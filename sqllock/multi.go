@@ -98,6 +98,10 @@ func (r MultiAcquireRequest) Validate() error {
 			// A set must not take a semaphore's permit past its limit.
 			return fmt.Errorf("%w: key %d of %d, %q, has the shape of a semaphore's permit or limit key", ErrInvalidKey, i, len(r.Keys), k)
 		}
+		if _, _, ok := ParseSharedKey(k); ok {
+			// Nor a reader's slot outside the rules of shared locks.
+			return fmt.Errorf("%w: key %d of %d, %q, has the shape of a reader slot's key", ErrInvalidKey, i, len(r.Keys), k)
+		}
 	}
 	sorted := SortedKeys(r.Keys)
 	for i := 1; i < len(sorted); i++ {

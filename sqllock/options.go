@@ -144,6 +144,20 @@ type AcquireOptions struct {
 	// for the deadline. MaxHold never extends anything. Zero: no cap;
 	// otherwise at least [MinInterval] ([*OptionError] before any I/O).
 	MaxHold time.Duration
+	// Shared asks for a shared (read) lease of the key: any number of
+	// shared Guards may hold it at once, never beside an exclusive one
+	// (docs/shared-locks.md). The Guard's Key is then the reader slot's
+	// key ([SharedKey]); its token comes from the key's one counter, above
+	// the last exclusive grant's. A waiting exclusive Acquire marks the
+	// key so that new shared grants are refused until it is granted or
+	// its mark's TTL ends: readers never starve a writer. No upgrade in
+	// place: release the shared Guard before acquiring exclusive (a
+	// waiting exclusive Acquire of a key whose shared Guard the caller
+	// still holds waits for itself, as sync.RWMutex's Lock after RLock
+	// does). A backend that does not grant shared leases gives
+	// [ErrSharedUnsupported] before any I/O; Shared takes no MinHold, and
+	// neither AcquireAll nor AcquirePermit takes it ([ErrInvalidOption]).
+	Shared bool
 }
 
 // DefaultBackoff waits 5ms·2^(attempt-1), capped at 250ms, with full jitter
@@ -209,6 +223,7 @@ type settings struct {
 	value   []byte
 	minHold time.Duration
 	maxHold time.Duration // zero: no cap
+	shared  bool
 }
 
 // timings are what a Guard keeps of its settings.
@@ -240,6 +255,12 @@ func (o *Options) settingsFor(ao *AcquireOptions) (settings, error) {
 			return s, &OptionError{Field: "AcquireOptions.MaxHold", Value: ao.MaxHold, Min: MinInterval}
 		}
 		s.maxHold = ao.MaxHold
+	}
+	if ao != nil && ao.Shared {
+		if ao.MinHold != 0 {
+			return s, fmt.Errorf("%w: a shared lease takes no min hold", ErrMinHoldUnsupported)
+		}
+		s.shared = true
 	}
 	if ao != nil && len(ao.Value) > 0 {
 		if err := ValidateValue(ao.Value); err != nil {

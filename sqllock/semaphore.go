@@ -2,6 +2,7 @@ package sqllock
 
 import (
 	"context"
+	"fmt"
 )
 
 // AcquirePermit takes one permit of semaphore key, whose limit is n, and
@@ -29,6 +30,9 @@ func (c *Client) AcquirePermit(ctx context.Context, key string, n int, opts *Acq
 	s, err := c.prepare(key, opts)
 	if err != nil {
 		return nil, err
+	}
+	if s.shared {
+		return nil, fmt.Errorf("%w: AcquirePermit takes no Shared", ErrInvalidOption)
 	}
 	req := c.request(key, s)
 	req.permits = n

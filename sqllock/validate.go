@@ -74,13 +74,19 @@ func ValidateTTL(ttl time.Duration) error {
 
 // Validate checks every field of the request; backends call it first. A
 // key of the shape of a semaphore's permit or limit ([PermitKey],
-// [LimitKey]) is refused: only [PermitAcquirer] grants those.
+// [LimitKey]) or of a reader slot ([SharedKey]) is refused: only
+// [PermitAcquirer] and a shared request grant those. A Shared request is
+// refused with [ErrSharedUnsupported]: a backend that grants them calls
+// [AcquireRequest.ValidateShared] instead.
 func (r AcquireRequest) Validate() error {
 	if err := ValidateKey(r.Key); err != nil {
 		return err
 	}
 	if reservedKey(r.Key) {
 		return fmt.Errorf("%w: %q has the shape of a semaphore's permit or limit key", ErrInvalidKey, r.Key)
+	}
+	if _, _, ok := ParseSharedKey(r.Key); ok {
+		return fmt.Errorf("%w: %q has the shape of a reader slot's key", ErrInvalidKey, r.Key)
 	}
 	if err := ValidateTTL(r.TTL); err != nil {
 		return err
@@ -93,7 +99,15 @@ func (r AcquireRequest) Validate() error {
 			return fmt.Errorf("min hold: %w", err)
 		}
 	}
-	return ValidateValue(r.Value)
+	if err := ValidateValue(r.Value); err != nil {
+		return err
+	}
+	if r.Shared {
+		// A backend that grants shared requests validates them with
+		// ValidateShared; any other refuses them here, before any I/O.
+		return ErrSharedUnsupported
+	}
+	return nil
 }
 
 // ValidateLease checks a lease passed to TryRenew or Release: a valid key, a

@@ -35,6 +35,8 @@ type Backend struct {
 	permit                                                          permitQueries
 	acquireAllSQL                                                   string // multi.go
 	reapSQL, reapBeginSQL, reapEndSQL                               string // reap.go
+	acquireMarkSQL                                                  string // a waiting writer's acquire
+	shared                                                          sharedQueries
 
 	retryTimeout time.Duration
 	writeSlot    writeSlot // one write statement at a time per Backend, renewals first
@@ -243,22 +245,30 @@ func (b *Backend) Stats() Stats { return Stats{BusyRetries: b.busyRetries.Load()
 
 // TryAcquire implements [sqllock.Backend] with one statement (acquireSQL).
 func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	if req.Shared {
+		return b.tryAcquireShared(ctx, req)
+	}
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
 	}
 	var (
 		token, deadline, now int64
 		held, kept           bool
-		owner                string
+		owner, waiting       string
 		value                []byte
+		shared               int
 	)
+	query := b.acquireSQL
+	if req.Mark {
+		query = b.acquireMarkSQL
+	}
 	var arg any // NULL for no value
 	if len(req.Value) > 0 {
 		arg = req.Value
 	}
 	err := b.write(ctx, outcome.Acquire, req.Key, func(ctx context.Context) error {
-		_, err := b.queryRow(ctx, outcome.Acquire, b.acquireSQL, []any{req.Key, leaseMillis(req.TTL), req.Owner, arg, minHoldMillis(req.MinHold)},
-			&token, &held, &deadline, &owner, &value, &now, &kept)
+		_, err := b.queryRow(ctx, outcome.Acquire, query, []any{req.Key, leaseMillis(req.TTL), req.Owner, arg, minHoldMillis(req.MinHold)},
+			&token, &held, &deadline, &owner, &value, &now, &kept, &shared, &waiting)
 		return err
 	})
 	if err != nil {
@@ -275,11 +285,16 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			Value:       nonEmpty(value),
 		}, nil
 	case (held || kept) && deadline > now: // kept: released inside its min hold
-		return sqllock.Lease{}, &sqllock.HeldError{
+		he := &sqllock.HeldError{
 			Key: req.Key, Owner: owner, Token: token,
-			Remaining: remaining(deadline, now),
-			Value:     nonEmpty(value),
+			Remaining:     remaining(deadline, now),
+			Value:         nonEmpty(value),
+			WaitingWriter: waiting,
 		}
+		if held && owner == "" {
+			he.Shared = shared // held shared
+		}
+		return sqllock.Lease{}, he
 	case token == math.MaxInt64:
 		return sqllock.Lease{}, fmt.Errorf("%w: key %q", sqllock.ErrTokenExhausted, req.Key)
 	default:
@@ -295,6 +310,9 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	}
 	if err := sqllock.ValidateTTL(ttl); err != nil {
 		return sqllock.Lease{}, err
+	}
+	if key, _, ok := sqllock.ParseSharedKey(l.Key); ok {
+		return b.renewShared(ctx, l, key, ttl)
 	}
 	var (
 		found, held          bool
@@ -327,6 +345,9 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err := sqllock.ValidateLease(l); err != nil {
 		return err
+	}
+	if key, _, ok := sqllock.ParseSharedKey(l.Key); ok {
+		return b.releaseShared(ctx, l, key)
 	}
 	var result error
 	cleared := false
@@ -405,7 +426,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 				i             sqllock.LockInfo
 				deadline, now int64
 			)
-			if err := rows.Scan(&i.Key, &i.Token, &i.Owner, &i.Held, &deadline, &now, &i.Value); err != nil {
+			if err := rows.Scan(&i.Key, &i.Token, &i.Owner, &i.Held, &deadline, &now, &i.Value, &i.Shared, &i.WaitingWriter); err != nil {
 				return err
 			}
 			i.Value = nonEmpty(i.Value)

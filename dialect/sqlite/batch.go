@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ashlock/ashlock/internal/outcome"
@@ -26,6 +27,9 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 	}
 	if len(reqs) == 0 {
 		return nil, nil
+	}
+	if slices.ContainsFunc(reqs, isShared) {
+		return b.renewBatchWithShared(ctx, reqs)
 	}
 	type ask struct {
 		token, ms int64
@@ -125,4 +129,37 @@ func (b *Backend) inWriteTx(ctx context.Context, o outcome.Op, key string, fn fu
 		return err
 	}
 	return nil
+}
+
+// isShared reports whether r renews a shared lease (a reader slot's).
+func isShared(r sqllock.RenewRequest) bool {
+	_, _, ok := sqllock.ParseSharedKey(r.Lease.Key)
+	return ok
+}
+
+// renewBatchWithShared renews the shared leases of reqs one by one (a
+// reader's renewal moves its key's row too: shared_renew) and the others
+// in one batch.
+func (b *Backend) renewBatchWithShared(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
+	out := make([]sqllock.RenewResult, len(reqs))
+	var rest []sqllock.RenewRequest
+	var at []int
+	for i, r := range reqs {
+		if !isShared(r) {
+			rest, at = append(rest, r), append(at, i)
+			continue
+		}
+		l, err := b.TryRenew(ctx, r.Lease, r.TTL)
+		out[i] = sqllock.RenewResult{Lease: l, Err: err}
+	}
+	if len(rest) > 0 {
+		res, err := b.TryRenewBatch(ctx, rest)
+		if err != nil {
+			return nil, err
+		}
+		for j, r := range res {
+			out[at[j]] = r
+		}
+	}
+	return out, nil
 }

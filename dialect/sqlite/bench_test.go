@@ -67,11 +67,14 @@ func benchPairs(b *testing.B, s Synchronous, goroutines int) {
 	viaRaw := func() error {
 		var (
 			token, deadline, now int64
-			held                 bool
+			held, kept           bool
 			o                    string
+			value                []byte
+			shared               int
+			waiting              string
 		)
 		key, me := keys[rand.N(benchKeys)], owner()
-		if err := drainOne(acq.QueryContext(ctx, key, ttlMillis(ttl), me))(&token, &held, &deadline, &o, &now); err != nil {
+		if err := drainOne(acq.QueryContext(ctx, key, ttlMillis(ttl), me, nil, 0))(&token, &held, &deadline, &o, &value, &now, &kept, &shared, &waiting); err != nil {
 			return err
 		}
 		if o != me {

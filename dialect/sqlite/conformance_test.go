@@ -25,6 +25,7 @@ func TestConformance(t *testing.T) {
 		SetToken: func(t *testing.T, b sqllock.Backend, key string, token int64) {
 			execTest(t, b, setTokenSQL, key, token)
 		},
+		Shared: true,
 	})
 }
 
@@ -53,6 +54,7 @@ func TestConformanceNew(t *testing.T) {
 		SetToken: func(t *testing.T, b sqllock.Backend, key string, token int64) {
 			execTest(t, b, setTokenSQL, key, token)
 		},
+		Shared: true,
 	})
 }
 

@@ -30,6 +30,8 @@ type holes struct {
 	// Now is the SQL expression of the database clock: [nowMS], but in
 	// tests, which step it.
 	Now string
+	// Mark renders acquire as a waiting writer's (acquire_mark).
+	Mark bool
 }
 
 // nowMS is SQLite's clock in integer Unix milliseconds. SQLite evaluates
@@ -56,6 +58,10 @@ func (b *Backend) renderQueries(now string) {
 	b.reapSQL = fill(queryTemplates, "reap", h)
 	b.reapBeginSQL = fill(queryTemplates, "reap_begin", h)
 	b.reapEndSQL = fill(queryTemplates, "reap_end", h)
+	b.shared = renderSharedQueries(h)
+	mh := h
+	mh.Mark = true
+	b.acquireMarkSQL = fill(queryTemplates, "acquire", mh)
 }
 
 // fill renders the statement in the file name.sql of t for h.

@@ -29,6 +29,8 @@ func TestStatementsAsSent(t *testing.T) {
 		{"permit_acquire", b.permit.acquire}, {"permit_peek", b.permit.peek}, {"permit_create", b.permit.create},
 		{"acquire_all", b.acquireAllSQL},
 		{"reap_begin", b.reapBeginSQL}, {"reap", b.reapSQL}, {"reap_end", b.reapEndSQL},
+		{"acquire_mark", b.acquireMarkSQL},
+		{"shared_acquire", b.shared.acquire}, {"shared_renew", b.shared.renew}, {"shared_release", b.shared.release},
 	} {
 		require.NotContains(t, s.sql, "{{", "%s: a hole left unfilled", s.name)
 		got.WriteString("-- " + s.name + "\n" + s.sql + "\n\n")

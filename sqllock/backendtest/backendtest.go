@@ -58,6 +58,7 @@ func Run(t *testing.T, h Harness) {
 		{"BatchBadElementBeforeIO", testBatchBadElement},
 		{"BatchMany", testBatchMany},
 		{"Permits", testPermits},
+		{"Shared", testShared},
 	}
 	tests = append(tests, multiTests()...)
 	tests = append(tests, reapTests()...)

@@ -39,4 +39,10 @@ type Harness struct {
 	// the key at once waits that much longer for the hold to pass. Zero
 	// for a backend that keeps a hold to the millisecond.
 	MinHoldRoundUp time.Duration
+
+	// Shared says the backend grants shared requests
+	// (sqllock.AcquireRequest.Shared): Run then checks the rules of shared
+	// locks; otherwise that it refuses a shared request before any I/O
+	// (matching sqllock.ErrSharedUnsupported), leaving no trace.
+	Shared bool
 }

@@ -312,6 +312,7 @@ func MultiBadInputs() []BadInput {
 		{"MultiKeyInvalidUTF8", acq([]string{"\xff"}, ttl, "o", nil), sqllock.ErrInvalidKey},
 		{"MultiPermitKey", acq([]string{"a", sqllock.PermitKey("pool", 1)}, ttl, "o", nil), sqllock.ErrInvalidKey},
 		{"MultiLimitKey", acq([]string{sqllock.LimitKey("pool"), "z"}, ttl, "o", nil), sqllock.ErrInvalidKey},
+		{"MultiSharedSlotKey", acq([]string{"a", sqllock.SharedKey("cfg", 1)}, ttl, "o", nil), sqllock.ErrInvalidKey},
 		{"MultiKeyTooLong", acq([]string{strings.Repeat("k", sqllock.MaxKeyLen+1)}, ttl, "o", nil), sqllock.ErrInvalidKey},
 		{"MultiTTLZero", acq([]string{"a"}, 0, "o", nil), sqllock.ErrInvalidTTL},
 		{"MultiTTLAboveMax", acq([]string{"a"}, sqllock.MaxTTL+1, "o", nil), sqllock.ErrInvalidTTL},

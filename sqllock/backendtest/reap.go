@@ -33,6 +33,7 @@ func reapTests() []struct {
 		{"ReapRacesFirstGrants", testReapRacesFirstGrants},
 		{"ReapRacesBatchRenewals", testReapRacesBatchRenewals},
 		{"ReapedKeysOfASetContinue", testReapedKeysOfASet},
+		{"ReapedSharedKeyContinues", testReapedSharedKey},
 	}
 }
 
@@ -327,4 +328,62 @@ func testReapedKeysOfASet(t *testing.T, h Harness) {
 			t.Errorf("key %q of a set after its reap: token %d, want > %d: G2", l.Key, l.Token, last[l.Key])
 		}
 	}
+}
+
+// testReapedSharedKey: a key read shared, then ended and reaped, continues
+// above every token it and its reader slots had, read shared again as
+// well as taken exclusive; a reaper leaves reader slots alone (their
+// numbering is the key's own), so a key read again and again never runs
+// out of slots.
+func testReapedSharedKey(t *testing.T, h Harness) {
+	if !h.Shared {
+		t.Skip("backend does not grant shared requests")
+	}
+	b := h.New(t)
+	r := reaper(t, b)
+	var last int64
+	for round := range 3 {
+		r1 := acquireShared(t, b, "k", fmt.Sprintf("r1-%d", round))
+		r2 := acquireShared(t, b, "k", fmt.Sprintf("r2-%d", round))
+		if r1.Token <= last || r2.Token <= last {
+			t.Fatalf("round %d: shared grants at tokens %d, %d after a reap of a key that had %d: G2", round, r1.Token, r2.Token, last)
+		}
+		release(t, b, r1)
+		release(t, b, r2)
+		expireAll(t, h, b, "k")
+		last = max(r1.Token, r2.Token)
+		reap(t, r, 0, 100)
+		if _, ok := info(t, b, "k"); ok {
+			t.Fatalf("round %d: k ended, yet not reaped", round)
+		}
+		for _, i := range mustList(t, b, "k") {
+			if _, _, ok := sqllock.ParseSharedKey(i.Key); !ok {
+				t.Fatalf("round %d: %q left after the reap", round, i.Key)
+			}
+		}
+	}
+	w := acquire(t, b, "k", "w")
+	if w.Token <= last {
+		t.Fatalf("exclusive grant at token %d after a reap of a key read up to %d: G2", w.Token, last)
+	}
+	// While a key is read, a reader slot freed long ago is taken again
+	// after a reap, not a new one: slots reaped under a key that stays
+	// would use up its numbering (sqllock.MaxShared).
+	r0 := acquireShared(t, b, "s", "r0")
+	r1 := acquireShared(t, b, "s", "r1")
+	release(t, b, r1)
+	h.Expire(t, b, r1.Key)
+	reap(t, r, 0, 100)
+	if r2 := acquireShared(t, b, "s", "r2"); r2.Key != r1.Key {
+		t.Fatalf("a reader after a reap got slot %q, want the freed %q again (reader %q holds)", r2.Key, r1.Key, r0.Key)
+	}
+}
+
+func mustList(t *testing.T, b sqllock.Backend, prefix string) []sqllock.LockInfo {
+	t.Helper()
+	all, err := b.List(ctx(t), prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return all
 }

@@ -27,13 +27,17 @@ database clock, and the value the latest holder published with its lease
 48 characters in the table). A semaphore (run --permits) shows as its key,
 HELD "held/permits", OWNER "semaphore" and the time left to the soonest
 end of a permit, beside its permits' rows (KEY#permit-I, each a lease).
+A key held shared (run --shared) shows HELD "shared", OWNER "(N readers)",
+beside its readers' rows (KEY#shared-I, each a lease); a waiting writer's
+mark adds "writer-waiting:OWNER".
 
 --json prints an array of objects with the fields
   key, held, owner, token, deadline (RFC 3339, database clock), remaining_ms,
   value (the value as text when it is valid UTF-8, else null) and
   value_base64 (its bytes; both absent when there is none); a semaphore's
   rows also semaphore (its key), and its limit's row permits and
-  permits_held
+  permits_held; a key held shared also shared (its readers) and
+  waiting_writer (a live writer's mark)
 
 --watch lists again every second until interrupted (Ctrl-C, exit 0): to
 watch a deploy lock while waiting for it. On a terminal the screen is
@@ -61,6 +65,10 @@ type lockJSON struct {
 	Semaphore   string `json:"semaphore,omitempty"`
 	Permits     int    `json:"permits,omitempty"`
 	PermitsHeld *int   `json:"permits_held,omitempty"`
+	// Shared is the number of shared holders of a key held shared (each
+	// listed under its KEY#shared-I), WaitingWriter a live writer's mark.
+	Shared        int    `json:"shared,omitempty"`
+	WaitingWriter string `json:"waiting_writer,omitempty"`
 }
 
 // valueText is how the table shows a value: "-" for none, else quoted
@@ -177,7 +185,8 @@ func (e *env) listOnce(ctx context.Context, s *session, db dbFlags, prefix strin
 		out := make([]lockJSON, 0, len(infos))
 		for _, in := range infos {
 			j := lockJSON{Key: in.Key, Held: in.Held, Owner: in.Owner, Token: in.Token,
-				Deadline: in.Deadline.UTC(), RemainingMS: in.Remaining.Milliseconds()}
+				Deadline: in.Deadline.UTC(), RemainingMS: in.Remaining.Milliseconds(),
+				Shared: in.Shared, WaitingWriter: in.WaitingWriter}
 			j.Value, j.ValueBase64 = jsonValue(in.Value)
 			semaphoreJSON(&j, in, sems)
 			out = append(out, j)
@@ -198,11 +207,17 @@ func (e *env) listOnce(ctx context.Context, s *session, db dbFlags, prefix strin
 			fmt.Fprint(tw, line)
 			continue
 		}
-		held, left := "no", "-"
+		held, left, owner := "no", "-", in.Owner
 		if in.Held {
 			held, left = "yes", in.Remaining.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", in.Key, held, in.Owner, in.Token, left, valueText(in.Value))
+		if in.Shared > 0 {
+			held, owner = "shared", fmt.Sprintf("(%d readers)", in.Shared)
+		}
+		if in.WaitingWriter != "" {
+			owner += " writer-waiting:" + in.WaitingWriter
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", in.Key, held, owner, in.Token, left, valueText(in.Value))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -9,9 +9,16 @@ import (
 	"github.com/ashlock/ashlock/sqllock"
 )
 
-// checkPermits checks run's --permits before any I/O: 0 (a lock) or a
-// semaphore's limit, and no --min-hold with it (a permit takes none).
+// checkPermits checks run's --permits and --shared before any I/O: 0 (a
+// lock) or a semaphore's limit, no --min-hold with either (a permit and a
+// shared lease take none), and not both.
 func (f *runFlags) checkPermits() error {
+	if f.shared && f.permits != 0 {
+		return fail(ExitUsage, "--shared does not apply to --permits: a permit is a lease of its own")
+	}
+	if f.shared && f.minHold > 0 {
+		return fail(ExitUsage, "--min-hold does not apply to --shared: a shared lease takes no minimum hold")
+	}
 	if f.permits == 0 {
 		return nil
 	}
@@ -27,6 +34,11 @@ func (f *runFlags) checkPermits() error {
 // take is run's acquire call: the key, or with --permits one permit of
 // it, one attempt or waiting as opts says.
 func (f *runFlags) take(ctx context.Context, client *sqllock.Client, opts *sqllock.AcquireOptions) (*sqllock.Guard, error) {
+	if f.shared {
+		o := *opts
+		o.Shared = true
+		opts = &o
+	}
 	switch {
 	case f.permits > 0:
 		return client.AcquirePermit(ctx, f.key, f.permits, opts)

@@ -16,7 +16,7 @@ import (
 )
 
 const runUsage = `
-Usage: sqllock run --key KEY [--permits N] [--ttl 30s] [--wait 0] [--grace 10s] [--max-hold D] [flags] -- COMMAND [ARGS...]
+Usage: sqllock run --key KEY [--permits N | --shared] [--ttl 30s] [--wait 0] [--grace 10s] [--max-hold D] [flags] -- COMMAND [ARGS...]
 
 Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
 
@@ -25,7 +25,11 @@ Runs COMMAND while holding the lock KEY, and releases it when COMMAND exits.
      a semaphore of N permits and run takes any free one: at most N
      COMMANDs run at once. A permit is a lease of its own, under the key
      KEY#permit-I with its own tokens; SQLLOCK_KEY names it. N is stored
-     with KEY by its first run: another N is refused (exit 78).
+     with KEY by its first run: another N is refused (exit 78). With
+     --shared, run takes KEY shared: any number of shared runs hold it at
+     once, never beside an exclusive one; a waiting exclusive run keeps
+     new shared ones out (docs/shared-locks.md). SQLLOCK_KEY names its
+     reader slot, KEY#shared-I.
   2. Starts COMMAND with stdin, stdout and stderr passed through and these
      variables added to its environment:
        SQLLOCK_KEY    the key
@@ -130,6 +134,8 @@ type runFlags struct {
 	// permits, when not zero, makes KEY a semaphore of that many permits
 	// (--permits): run takes one of them (permits.go).
 	permits int
+	// shared takes KEY shared (--shared).
+	shared bool
 }
 
 func cmdRun(ctx context.Context, e *env, args []string) error {
@@ -144,6 +150,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", ExitTempFail, "exit status when the lock is not acquired (0 to 255), to tell it from a COMMAND that exits 75 itself")
 	fs.BoolVar(&e.quiet, "quiet", false, "with --wait, do not print who holds the key while waiting")
 	fs.IntVar(&f.permits, "permits", 0, "make KEY a semaphore of `N` permits and take one: at most N commands run at once (0: a lock)")
+	fs.BoolVar(&f.shared, "shared", false, "take KEY shared (a reader): shared runs hold it together, never beside an exclusive run")
 	err := e.parseCommandLine(fs, args, &f, "key", &f.key, func(k string) string { return k },
 		func() error { return checkCommandTTL(f.ttl, "lease") }, f.checkDurations, f.checkPermits,
 		func() error { return checkConflictCode(f.conflictCode) })
@@ -397,9 +404,18 @@ func acquireError(err error, f runFlags) error {
 	if perr := permitsError(err, f); perr != nil {
 		return perr
 	}
+	if errors.Is(err, sqllock.ErrSharedUnsupported) {
+		return fail(ExitConfig, "--shared: this database's backend does not support shared locks (SQLite does); not run")
+	}
 	var he *sqllock.HeldError
 	if errors.As(err, &he) {
 		msg := fmt.Sprintf("not acquired: %q is held", f.key)
+		switch {
+		case he.WaitingWriter != "" && he.Owner == "":
+			msg = fmt.Sprintf("not acquired: writer %q waits for %q", he.WaitingWriter, f.key)
+		case he.Shared > 0:
+			msg += fmt.Sprintf(" shared by %d holders, the last for %v more at most", he.Shared, he.Remaining.Round(time.Millisecond))
+		}
 		if he.Owner != "" {
 			msg += fmt.Sprintf(" by %q (token %d) for %v more", he.Owner, he.Token, he.Remaining.Round(time.Millisecond))
 		}
