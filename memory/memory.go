@@ -196,8 +196,12 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.releaseLocked(l, b.now())
+}
+
+// releaseLocked is Release at now, with b.mu held.
+func (b *Backend) releaseLocked(l sqllock.Lease, now time.Time) error {
 	e := b.keys[l.Key]
-	now := b.now()
 	st := state(e, now)
 	if st.ReleasedByOwner(l) {
 		return nil // released twice by its owner
