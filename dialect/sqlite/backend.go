@@ -33,7 +33,7 @@ type Backend struct {
 	acquireSQL, renewSQL, releaseSQL, peekSQL, listSQL, listFromSQL string
 	renewBatchSQL, nowSQL                                           string
 	permit                                                          permitQueries
-	acquireAllSQL                                                   string // multi.go
+	acquireAllSQL, releaseAllSQL                                    string // multi.go
 
 	retryTimeout time.Duration
 	writeSlot    writeSlot // one write statement at a time per Backend, renewals first
