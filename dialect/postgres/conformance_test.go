@@ -55,7 +55,7 @@ const watchRule = "WatchSignalsRelease"
 
 // pollOnly is a Backend as a Client sees it with DisableNotify: without
 // the Watcher (embedding the interface promotes its four methods only),
-// with batch renewal, permits and the acquire of a set.
+// with batch renewal, permits, and the acquire and release of a set.
 type pollOnly struct {
 	sqllock.Backend
 	pg *Backend
@@ -67,6 +67,10 @@ func (p pollOnly) TryAcquirePermit(ctx context.Context, req sqllock.PermitReques
 
 func (p pollOnly) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireRequest) ([]sqllock.Lease, error) {
 	return p.pg.TryAcquireAll(ctx, req)
+}
+
+func (p pollOnly) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, error) {
+	return p.pg.ReleaseAll(ctx, ls)
 }
 
 func (p pollOnly) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
