@@ -4,7 +4,7 @@ owner], in one statement at one instant: each row whose token is current
 and held is cleared and recorded as released by its owner, with release's
 min hold rule, and returned with its key and new deadline. A lease not
 returned cleared nothing: the caller reads peek.sql for it, as release's
-caller does (docs/multi-key.md#release).
+caller does (docs/multi-key.md#release-one-call-for-the-set).
 */ -}}
 UPDATE {{.Table}} AS l SET held = 0, owner = r.owner,
 	deadline   = CASE WHEN l.owner = r.owner AND l.hold_until > {{.Now}} AND l.deadline > {{.Now}} THEN l.hold_until ELSE l.deadline END,
