@@ -238,8 +238,12 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.releaseLocked(l, b.now())
+}
+
+// releaseLocked is Release at now, with b.mu held.
+func (b *Backend) releaseLocked(l sqllock.Lease, now time.Time) error {
 	e := b.keys[l.Key]
-	now := b.now()
 	if key, _, ok := sqllock.ParseSharedKey(l.Key); ok {
 		return b.releaseShared(l, key, now)
 	}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/ashlock/ashlock/sqllock"
@@ -62,6 +64,32 @@ func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 			e.value = bytes.Clone(req.Value)
 		}
 		out[i] = b.lease(k, e, now)
+	}
+	return out, nil
+}
+
+var _ sqllock.MultiReleaser = (*Backend)(nil)
+
+// ReleaseAll implements [sqllock.MultiReleaser]: every lease released as
+// Release would, in key order, at one instant, under one hold of the lock.
+func (b *Backend) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, error) {
+	if err := sqllock.ValidateReleaseAll(ls); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	order := make([]int, len(ls))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(i, j int) int { return strings.Compare(ls[i].Key, ls[j].Key) })
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	out := make([]error, len(ls))
+	for _, i := range order {
+		out[i] = b.releaseLocked(ls[i], now)
 	}
 	return out, nil
 }

@@ -81,15 +81,139 @@ func (s *GuardSet) Err() error {
 // errors joined ([Guard.Release]: an error matching [ErrLeaseLost] for a
 // member that was lost, so that the caller learns its work may have
 // overlapped another holder's). It is idempotent, as Guard.Release is.
+//
+// On a backend with [MultiReleaser] the members still to release go in
+// one call (one statement, one round trip); each member's result is the
+// one its own Guard.Release would have returned, and a member released
+// before (by its own Release, or on its acquire context's end) reports
+// that release. Without it, each member is released with its own call,
+// all at once.
 func (s *GuardSet) Release(ctx context.Context) error {
-	errs := make([]error, len(s.guards))
-	var wg sync.WaitGroup
-	for i, g := range s.guards {
-		wg.Go(func() { errs[i] = g.Release(ctx) })
+	var errs []error
+	if mr, ok := s.guards[0].c.b.(MultiReleaser); ok && len(s.guards) > 1 {
+		errs = s.releaseTogether(ctx, mr)
+	} else {
+		errs = make([]error, len(s.guards))
+		var wg sync.WaitGroup
+		for i, g := range s.guards {
+			wg.Go(func() { errs[i] = g.Release(ctx) })
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	s.cancel(ErrReleased) // a no-op: the first member's end came first
 	return errors.Join(errs...)
+}
+
+// releaseTogether is Release through mr: each member goes through
+// Guard.Release's steps, the backend's part in one call for them all.
+func (s *GuardSet) releaseTogether(ctx context.Context, mr MultiReleaser) []error {
+	c := s.guards[0].c
+	errs := make([]error, len(s.guards))
+	type member struct {
+		i    int
+		g    *Guard
+		b    *batch
+		last bool
+	}
+	var mine []member
+	var others sync.WaitGroup
+	for i, g := range s.guards {
+		b, last, ok := g.startRelease()
+		if !ok {
+			// Another call releases it: its answer, as Guard.Release.
+			others.Go(func() { errs[i] = g.Release(ctx) })
+			continue
+		}
+		mine = append(mine, member{i, g, b, last})
+	}
+	if len(mine) > 0 {
+		rctx := c.releaseContext(ctx)
+		var wg sync.WaitGroup
+		for _, m := range mine {
+			wg.Go(func() { m.g.awaitBatch(rctx, m.b, true, m.last) })
+		}
+		wg.Wait()
+		gs := make([]*Guard, len(mine))
+		for k, m := range mine {
+			gs[k] = m.g
+		}
+		start := c.obs.now()
+		res := c.releaseGuards(rctx, mr, gs)
+		for k, m := range mine {
+			c.obs.release(m.g, start, res[k])
+			c.forget(m.g)
+			m.g.rel.finish(res[k])
+			errs[m.i] = res[k]
+		}
+		for _, m := range mine {
+			wg.Go(func() { m.g.awaitBatch(rctx, m.b, false, false) })
+		}
+		wg.Wait()
+		rctx.stop()
+	}
+	others.Wait()
+	return errs
+}
+
+// releaseGuards is releaseLease for the Guards gs (ended, finishing, one
+// set's) in calls of mr: one for all, and again for those whose answer
+// was transient, as releaseLease sends one lease again.
+func (c *Client) releaseGuards(ctx context.Context, mr MultiReleaser, gs []*Guard) []error {
+	leases := make([]Lease, len(gs))
+	losts := make([]*LostError, len(gs))
+	out := make([]error, len(gs))
+	var todo []int
+	for i, g := range gs {
+		var send bool
+		leases[i], losts[i], send = g.releaseInput()
+		if send {
+			todo = append(todo, i)
+		}
+	}
+	for attempt := 1; len(todo) > 0; attempt++ {
+		answers := c.releaseLeases(ctx, mr, leases, todo)
+		var again []int
+		for k, i := range todo {
+			out[i] = answers[k]
+			if answers[k] != nil && releaseRetryable(answers[k]) && attempt < releaseAttempts {
+				again = append(again, i)
+			}
+		}
+		if todo = again; len(todo) == 0 {
+			break
+		}
+		sleep(ctx, c.opts.Backoff(attempt))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	for i, g := range gs {
+		out[i] = g.releaseOutcome(leases[i], losts[i], out[i])
+	}
+	return out
+}
+
+// releaseLeases sends the release of leases[todo[k]] for every k, in one
+// call, and returns their answers in todo's order.
+func (c *Client) releaseLeases(ctx context.Context, mr MultiReleaser, leases []Lease, todo []int) []error {
+	if len(todo) == 1 {
+		return []error{c.b.Release(ctx, leases[todo[0]])}
+	}
+	ls := make([]Lease, len(todo))
+	for k, i := range todo {
+		ls[k] = leases[i]
+	}
+	answers, err := mr.ReleaseAll(ctx, ls)
+	if err == nil && len(answers) != len(ls) {
+		err = fmt.Errorf("%w: sqllock: the backend answered %d of %d releases", ErrIndeterminate, len(answers), len(ls))
+	}
+	if err != nil {
+		answers = make([]error, len(ls))
+		for k := range answers {
+			answers[k] = err
+		}
+	}
+	return answers
 }
 
 // AcquireAll takes every key of keys, all or none, in one call to the

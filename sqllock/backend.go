@@ -232,3 +232,35 @@ type LockInfo struct {
 	// (new shared grants are refused), "" for none.
 	WaitingWriter string
 }
+
+// MultiReleaser is implemented by backends that release a set of leases
+// in one round trip: one statement (one commit) on the SQL backends, one
+// transaction on etcd. [GuardSet.Release] uses it when the backend has it;
+// without it, it releases each member with [Backend.Release], all at once.
+//
+// A wrapper that embeds a backend to change its Release must change (or
+// hide) ReleaseAll too: the embedded one is promoted, and the GuardSet
+// would release through it.
+type MultiReleaser interface {
+	// ReleaseAll releases each ls[i] as Release of it alone would, and
+	// returns one answer per lease, in order: the very answer Release
+	// would have given it (nil when released, or released before by its
+	// own owner; a [*LostError] with the same Reason when the lease was no
+	// longer valid: expired, taken by a newer token, or released by
+	// another owner), with Release's effects (a release by the lease's
+	// own owner inside its min hold keeps the key held until grant +
+	// MinHold). An element may also carry a transient error of its own
+	// ([ErrUnavailable], [ErrIndeterminate]): repeating the release of
+	// that lease is harmless. The keys are written in ascending key
+	// order, and the backend waits for a row another transaction locks
+	// no longer than Release does.
+	//
+	// A non-nil error is the call's own failure, for every lease, as
+	// Release reports its own: not sent ([ErrUnavailable], the context's
+	// error), or [ErrIndeterminate] when the reply was lost (repeating is
+	// harmless); no answers then.
+	//
+	// It validates the set first ([ValidateReleaseAll]) and refuses bad
+	// input before any I/O.
+	ReleaseAll(ctx context.Context, ls []Lease) ([]error, error)
+}

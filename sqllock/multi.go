@@ -125,3 +125,43 @@ func SortedKeys(keys []string) []string {
 	slices.Sort(s)
 	return s
 }
+
+// ValidateReleaseAll checks the input of [MultiReleaser.ReleaseAll]: at
+// least one lease and at most [MaxKeysPerAcquire], each valid
+// ([ValidateLease]) with an owner, not a semaphore's permit or limit key,
+// every one with the same owner (one set's), and no key twice. The error
+// matches [ErrInvalidKey], [ErrInvalidToken] or [ErrInvalidOwner] and names
+// the lease's index.
+func ValidateReleaseAll(ls []Lease) error {
+	switch {
+	case len(ls) == 0:
+		return fmt.Errorf("%w: an empty set of leases to release", ErrInvalidKey)
+	case len(ls) > MaxKeysPerAcquire:
+		return fmt.Errorf("%w: %d leases in one release, more than %d", ErrInvalidKey, len(ls), MaxKeysPerAcquire)
+	}
+	seen := make(map[string]struct{}, len(ls))
+	for i, l := range ls {
+		if err := ValidateLease(l); err != nil {
+			return fmt.Errorf("lease %d of %d: %w", i, len(ls), err)
+		}
+		if err := ValidateOwner(l.Owner); err != nil {
+			return fmt.Errorf("lease %d of %d: %w", i, len(ls), err)
+		}
+		if l.Owner != ls[0].Owner {
+			return fmt.Errorf("%w: lease %d of %d has owner %q, lease 0 %q: one release takes one set's leases", ErrInvalidOwner, i, len(ls), l.Owner, ls[0].Owner)
+		}
+		if reservedKey(l.Key) {
+			return fmt.Errorf("%w: lease %d of %d, %q, has the shape of a semaphore's permit or limit key", ErrInvalidKey, i, len(ls), l.Key)
+		}
+		if _, _, slot := ParseSharedKey(l.Key); slot {
+			// A reader's release also updates its key's summary, which a
+			// set's release statement knows nothing of.
+			return fmt.Errorf("%w: lease %d of %d, %q, is a shared grant's reader slot: release it with Release", ErrInvalidKey, i, len(ls), l.Key)
+		}
+		if _, dup := seen[l.Key]; dup {
+			return fmt.Errorf("%w: %q is in the release twice", ErrInvalidKey, l.Key)
+		}
+		seen[l.Key] = struct{}{}
+	}
+	return nil
+}

@@ -62,14 +62,37 @@ func (g *Guard) releaseUnshared(cause error) {
 
 // release is Release with its bound already set: ctx is used as it is.
 func (g *Guard) release(ctx context.Context) error {
+	b, last, ok := g.startRelease()
+	if !ok {
+		return g.awaitRelease(ctx)
+	}
+	g.awaitBatch(ctx, b, true, last)
+	err := g.releaseBackend(ctx)
+	g.rel.finish(err)
+	g.awaitBatch(ctx, b, false, false)
+	return err
+}
+
+// awaitRelease is Release's answer when another call is releasing the
+// Guard: its result, or an error when ctx ends first.
+func (g *Guard) awaitRelease(ctx context.Context) error {
+	if err, done := g.rel.wait(ctx); done {
+		return err
+	}
+	return fmt.Errorf("sqllock: release of %q (token %d) still in progress: %w", g.key, g.token, ctx.Err())
+}
+
+// startRelease makes the Guard finishing, ends it and takes it off the
+// schedule: the first half of release, before the backend is called. It
+// returns the batch that may carry the lease's renewal (and whether the
+// lease was its last live one), and ok false, doing nothing, when the
+// Guard is already finishing (another call releases it).
+func (g *Guard) startRelease() (b *batch, last, ok bool) {
 	g.mu.Lock()
 	st := &g.st
 	if st.finishing {
 		g.mu.Unlock()
-		if err, done := g.rel.wait(ctx); done {
-			return err
-		}
-		return fmt.Errorf("sqllock: release of %q (token %d) still in progress: %w", g.key, g.token, ctx.Err())
+		return nil, false, false
 	}
 	st.finishing = true
 	// The Guard stops counting as held before anything is sent: once the
@@ -82,18 +105,14 @@ func (g *Guard) release(ctx context.Context) error {
 	// it before the Guard is finishing, never after.
 	lostIn := st.lostIn
 	g.mu.Unlock()
-	b, last := g.c.sched.remove(g)
+	b, last = g.c.sched.remove(g)
 	if b == nil {
 		b = lostIn
 	}
 	if g.parent.Done() != nil { // else watchParent watched nothing
 		g.c.unwatchParent(g)
 	}
-	g.awaitBatch(ctx, b, true, last)
-	err := g.releaseBackend(ctx)
-	g.rel.finish(err)
-	g.awaitBatch(ctx, b, false, false)
-	return err
+	return b, last, true
 }
 
 // releaseBook is a Guard's release bookkeeping: the context of its first
@@ -203,18 +222,20 @@ func (g *Guard) releaseBackend(ctx context.Context) error {
 	return err
 }
 
+// releaseAttempts is how many times a release is sent when its answer is
+// transient.
+const releaseAttempts = 3
+
 // releaseLease is releaseBackend's call to the backend, retried a few
 // times on a transient error.
 func (g *Guard) releaseLease(ctx context.Context) (err error) {
-	g.mu.Lock()
-	lease, lost := g.leaseLocked(), g.st.lost
-	g.mu.Unlock()
-	if lost != nil && (lost.Reason == LostTaken || lost.Reason == LostReleased) {
+	lease, lost, send := g.releaseInput()
+	if !send {
 		return lost
 	}
 	for attempt := 1; ; attempt++ {
 		err = g.c.b.Release(ctx, lease)
-		if err == nil || (!errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrIndeterminate)) || attempt == 3 {
+		if err == nil || !releaseRetryable(err) || attempt == releaseAttempts {
 			break
 		}
 		sleep(ctx, g.c.opts.Backoff(attempt))
@@ -222,6 +243,22 @@ func (g *Guard) releaseLease(ctx context.Context) (err error) {
 			break
 		}
 	}
+	return g.releaseOutcome(lease, lost, err)
+}
+
+// releaseInput is the lease to release and the loss the Guard saw before,
+// if it did; send is false when that loss says nothing is left to release
+// (a newer token, or a release, ended the lease).
+func (g *Guard) releaseInput() (lease Lease, lost *LostError, send bool) {
+	g.mu.Lock()
+	lease, lost = g.leaseLocked(), g.st.lost
+	g.mu.Unlock()
+	return lease, lost, lost == nil || (lost.Reason != LostTaken && lost.Reason != LostReleased)
+}
+
+// releaseOutcome is the release's result from the backend's answer err:
+// the loss seen before, if any, else err, logged when not nil.
+func (g *Guard) releaseOutcome(lease Lease, lost *LostError, err error) error {
 	if lost != nil {
 		return lost
 	}
@@ -229,6 +266,12 @@ func (g *Guard) releaseLease(ctx context.Context) (err error) {
 		g.c.logReleaseFailure(g.parent, lease, err)
 	}
 	return err
+}
+
+// releaseRetryable reports whether a release that failed with err is
+// sent again (releaseLease's rule).
+func releaseRetryable(err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrIndeterminate)
 }
 
 // releaseCtx is the context of a release: its parent bounded by a

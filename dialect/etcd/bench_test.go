@@ -57,7 +57,8 @@ func benchRace(b *testing.B, g, n, keys int, cs []*benchContender) {
 // in rounds, single-key TryAcquire + Release pairs (random keys of
 // 10,000) beside permit acquire + release pairs on random semaphores of N
 // = 1, 4 and 16 permits (of 1,000 semaphores) and TryAcquireAll of 4
-// random keys with the release of its leases sent at once. Metrics:
+// random keys with the release of its leases sent at once (set4) or in
+// one ReleaseAll, one transaction (set4_all). Metrics:
 // pairs/s of the single key, and for each other contender its pairs/s and
 // its ratio (the single key's rate over its own: its cost in single-key
 // pairs; targets: 1.2 for a permit, 1.5 for a set of 4), and
@@ -130,6 +131,26 @@ func BenchmarkPermitAndSetPair(b *testing.B) {
 				}
 				wg.Wait()
 				return errors.Join(errs...)
+			}})
+			cs = append(cs, &benchContender{name: "set4_all", run: func(ctx context.Context, key, owner string) error {
+				at := strings.LastIndexByte(key, '/')
+				i, _ := strconv.Atoi(key[at+1:])
+				keys := make([]string, 4)
+				for j := range keys {
+					keys[j] = fmt.Sprintf("%s/%d", key[:at], (i+j*2500)%10_000)
+				}
+				ls, err := be.TryAcquireAll(ctx, sqllock.MultiAcquireRequest{Keys: keys, TTL: time.Minute, Owner: owner})
+				if errors.Is(err, sqllock.ErrNotAcquired) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				answers, err := be.ReleaseAll(ctx, ls)
+				if err != nil {
+					return err
+				}
+				return errors.Join(answers...)
 			}})
 			benchRace(b, g, 2*g+20, 10_000, cs) // warm up: spares, the keep-alive stream
 			for _, c := range cs {

@@ -56,7 +56,8 @@ const watchRule = "WatchSignalsRelease"
 
 // pollOnly is a Backend as a Client sees it with DisableNotify: without
 // the Watcher (embedding the interface promotes its four methods only),
-// with batch renewal, permits, the acquire of a set and reaping.
+// with batch renewal, permits, the acquire and release of a set, and
+// reaping.
 type pollOnly struct {
 	sqllock.Backend
 	pg *Backend
@@ -72,6 +73,10 @@ func (p pollOnly) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 
 func (p pollOnly) Reap(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
 	return p.pg.Reap(ctx, olderThan, limit)
+}
+
+func (p pollOnly) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, error) {
+	return p.pg.ReleaseAll(ctx, ls)
 }
 
 func (p pollOnly) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {

@@ -149,3 +149,48 @@ type detailed interface {
 	error
 	Get(field byte) string
 }
+
+var _ sqllock.MultiReleaser = (*Backend)(nil)
+
+// ReleaseAll implements [sqllock.MultiReleaser] with one statement and
+// one commit (queries/release_batch.sql, the batch group commit sends):
+// Release's rules per lease, rows locked in key order, so that two
+// overlapping sets released at once cannot deadlock, and a row another
+// transaction locks (a fenced transaction's FOR SHARE) skipped, never
+// waited for. A lease the statement could not settle (its row was
+// skipped, or changed under it) is released alone afterwards, in key
+// order, with the single statement, which waits for the row as Release
+// does and gives Release's answer; so does every lease on a table not at
+// the latest schema version. A statement the server refused applied
+// nothing, and each lease is then released alone; one whose reply was
+// lost gives every lease Release's answer to a lost reply
+// ([sqllock.ErrIndeterminate]).
+func (b *Backend) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, error) {
+	if err := sqllock.ValidateReleaseAll(ls); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, pg.NotSent(outcome.Release, ls[0].Key, true, err)
+	}
+	members := make([]*releaseMember, len(ls))
+	for i, l := range ls {
+		members[i] = &releaseMember{req: l, key: l.Key}
+	}
+	out := make([]error, len(ls))
+	if len(ls) == 1 {
+		members[0].err = errAlone
+	} else {
+		b.sendReleases(ctx, members)
+	}
+	order := make([]int, len(ls))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(i, j int) int { return strings.Compare(ls[i].Key, ls[j].Key) })
+	for _, i := range order {
+		if out[i] = members[i].err; out[i] == errAlone {
+			out[i] = b.releaseAlone(ctx, ls[i])
+		}
+	}
+	return out, nil
+}

@@ -300,3 +300,39 @@ func TestMultiFindsRowsByIndex(t *testing.T) {
 	walk(plan[0]["Plan"].(map[string]any))
 	require.Empty(t, scans, "the statement scans the lock table")
 }
+
+// ReleaseAll does not stall on a row another transaction locks (as
+// FencedTx holds its lease's row FOR SHARE): the set's other leases are
+// released by the one statement at once, and the locked one is released
+// alone afterwards, waiting for its row as Release does.
+func TestReleaseAllLockedRowDoesNotStall(t *testing.T) {
+	t.Parallel()
+	bundle := newBundle(t, Options{})
+	b := bundle.backend
+	ctx := testCtx(t)
+	ls := []sqllock.Lease{acquireOK(t, b, "c", "o", time.Minute), acquireOK(t, b, "b", "o", time.Minute), acquireOK(t, b, "a", "o", time.Minute)}
+	tx := holdRows(t, bundle.db.Pool, b.table, "FOR SHARE", "b")
+	type result struct {
+		answers []error
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		answers, err := b.ReleaseAll(ctx, ls)
+		done <- result{answers, err}
+	}()
+	heldNow := func(key string) bool {
+		infos, err := b.List(ctx, key)
+		require.NoError(t, err)
+		return len(infos) == 1 && infos[0].Held
+	}
+	require.Eventually(t, func() bool { return !heldNow("a") && !heldNow("c") }, 10*time.Second, 5*time.Millisecond,
+		"the free leases of the set were not released while another row was locked")
+	require.Empty(t, done, "the locked lease was answered while its row was locked")
+	require.True(t, heldNow("b"))
+	require.NoError(t, tx.Commit(ctx))
+	r := recv(t, done)
+	require.NoError(t, r.err)
+	require.Equal(t, []error{nil, nil, nil}, r.answers)
+	require.False(t, heldNow("b"))
+}

@@ -33,7 +33,7 @@ type Backend struct {
 	acquireSQL, renewSQL, releaseSQL, peekSQL, listSQL, listFromSQL string
 	renewBatchSQL, nowSQL                                           string
 	permit                                                          permitQueries
-	acquireAllSQL                                                   string // multi.go
+	acquireAllSQL, releaseAllSQL                                    string // multi.go
 	reapSQL, reapBeginSQL, reapEndSQL                               string // reap.go
 	acquireMarkSQL                                                  string // a waiting writer's acquire
 	shared                                                          sharedQueries

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/ashlock/ashlock/internal/outcome"
@@ -107,4 +108,95 @@ func (b *Backend) queryRows(ctx context.Context, o outcome.Op, query string, arg
 		return err
 	}
 	return rows.Close()
+}
+
+var _ sqllock.MultiReleaser = (*Backend)(nil)
+
+// ReleaseAll implements [sqllock.MultiReleaser] with one statement
+// (queries/release_all.sql), one commit, for every lease: each lease
+// whose token is current and held is released by it, at one instant;
+// for each of the others a read (peek.sql, as Release makes) tells its
+// answer, as Release's. A lease held again with its token between the
+// statement and the read (re-granted to its owner by a retried acquire)
+// is released again by the statement, as Release tries again.
+func (b *Backend) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, error) {
+	if err := sqllock.ValidateReleaseAll(ls); err != nil {
+		return nil, err
+	}
+	out := make([]error, len(ls))
+	settled := make([]bool, len(ls))
+	var cleared []string
+	err := b.write(ctx, outcome.Release, ls[0].Key, func(ctx context.Context) error {
+		var todo []int
+		elems := make([][3]any, 0, len(ls))
+		for i, l := range ls {
+			if !settled[i] {
+				todo = append(todo, i)
+				elems = append(elems, [3]any{l.Key, l.Token, l.Owner})
+			}
+		}
+		arg, err := json.Marshal(elems)
+		if err != nil {
+			return err
+		}
+		type row struct{ deadline, now int64 }
+		rows := make(map[string]row, len(todo))
+		var key string
+		var r row
+		err = b.queryRows(ctx, outcome.Release, b.releaseAllSQL, []any{ls[todo[0]].Key, string(arg)},
+			[]any{&key, &r.deadline, &r.now}, func() { rows[key] = r })
+		if err != nil {
+			return err
+		}
+		retry := false
+		for _, i := range todo {
+			l := ls[i]
+			if r, ok := rows[l.Key]; ok {
+				settled[i] = true
+				cleared = append(cleared, l.Key)
+				if r.deadline <= r.now {
+					out[i] = &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
+				}
+				continue
+			}
+			var (
+				token, deadline, now int64
+				held                 bool
+				owner                string
+			)
+			found, err := b.queryRow(ctx, outcome.Release, b.peekSQL, []any{l.Key}, &token, &held, &deadline, &owner, &now)
+			if err != nil {
+				return err
+			}
+			st := keyState(found, token, held, deadline, now, owner)
+			switch lost := st.Loss(l); {
+			case st.ReleasedByOwner(l):
+				settled[i] = true // released before by its owner
+			case lost != nil:
+				settled[i], out[i] = true, lost
+			default:
+				retry = true // held with l's token again: release it again
+			}
+		}
+		if retry {
+			return errRetry
+		}
+		return nil
+	})
+	for _, k := range cleared {
+		b.signal(k)
+	}
+	if err != nil {
+		err = b.translate(err, true)
+		if !slices.Contains(settled, true) {
+			return nil, err
+		}
+		// Some leases were settled before the failure: theirs are known.
+		for i := range out {
+			if !settled[i] {
+				out[i] = err
+			}
+		}
+	}
+	return out, nil
 }

@@ -49,6 +49,7 @@ func (b *Backend) renderQueries(now string) {
 	b.renewSQL = fill(queryTemplates, "renew", h)
 	b.renewBatchSQL = fill(queryTemplates, "renew_batch", h)
 	b.acquireAllSQL = fill(queryTemplates, "acquire_all", h)
+	b.releaseAllSQL = fill(queryTemplates, "release_all", h)
 	b.nowSQL = fill(queryTemplates, "now", h)
 	b.releaseSQL = fill(queryTemplates, "release", h)
 	b.peekSQL = fill(queryTemplates, "peek", h)

@@ -27,7 +27,7 @@ func TestStatementsAsSent(t *testing.T) {
 		{"now", b.nowSQL}, {"release", b.releaseSQL}, {"peek", b.peekSQL},
 		{"list", b.listSQL}, {"list_from", b.listFromSQL},
 		{"permit_acquire", b.permit.acquire}, {"permit_peek", b.permit.peek}, {"permit_create", b.permit.create},
-		{"acquire_all", b.acquireAllSQL},
+		{"acquire_all", b.acquireAllSQL}, {"release_all", b.releaseAllSQL},
 		{"reap_begin", b.reapBeginSQL}, {"reap", b.reapSQL}, {"reap_end", b.reapEndSQL},
 		{"acquire_mark", b.acquireMarkSQL},
 		{"shared_acquire", b.shared.acquire}, {"shared_renew", b.shared.renew}, {"shared_release", b.shared.release},

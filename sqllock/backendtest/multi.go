@@ -37,6 +37,10 @@ func multiTests() []struct {
 		{"MultiMinHoldKeyRefusesAll", testMultiMinHoldRefuses},
 		{"MultiBadInputRefusedWithoutTrace", testMultiBadInput},
 		{"MultiOverlappingSetsUnderConcurrency", testMultiOverlapStress},
+		{"ReleaseAllAnswersAsSingleReleases", testReleaseAllAsSingles},
+		{"ReleaseAllKeepsMinHold", testReleaseAllMinHold},
+		{"ReleaseAllBadInputBeforeIO", testReleaseAllBadInput},
+		{"ReleaseAllNotSentReleasesNothing", testReleaseAllNotSent},
 	}
 }
 

@@ -104,6 +104,14 @@ ON CONFLICT (key) DO UPDATE SET
 	value    = CASE WHEN excluded.held AND (((deadline <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) OR (NOT held AND coalesce(hold_until, 0) <= CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER))) AND token < 9223372036854775807) OR (held AND deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND owner = excluded.owner)) THEN excluded.value ELSE value END
 RETURNING key, token, held, deadline, owner, value, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), coalesce(hold_until > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER), 0)
 
+-- release_all
+UPDATE "sqllock_locks" AS l SET held = 0, owner = r.owner,
+	deadline   = CASE WHEN l.owner = r.owner AND l.hold_until > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) AND l.deadline > CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) THEN l.hold_until ELSE l.deadline END,
+	hold_until = CASE WHEN l.owner = r.owner THEN l.hold_until END
+FROM (SELECT j.value ->> 0 AS key, j.value ->> 1 AS token, j.value ->> 2 AS owner FROM json_each(?1) AS j) AS r
+WHERE l.key = r.key AND l.token = r.token AND l.held
+RETURNING key, deadline, CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER)
+
 -- reap_begin
 UPDATE "sqllock_locks_floor" SET reaping = 1
 

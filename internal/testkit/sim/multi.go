@@ -102,6 +102,12 @@ func (d *multiDB) Release(ctx context.Context, l sqllock.Lease) error {
 	return d.mem.Release(ctx, l)
 }
 
+func (d *multiDB) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mem.ReleaseAll(ctx, ls)
+}
+
 func (d *multiDB) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -257,6 +263,15 @@ func (n *multiNet) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewReques
 
 func (n *multiNet) Release(ctx context.Context, l sqllock.Lease) error {
 	return n.call(ctx, sqllock.ErrIndeterminate, func() error { return n.db.Release(ctx, l) })
+}
+
+// ReleaseAll releases a set in one call, through the faults as any call.
+func (n *multiNet) ReleaseAll(ctx context.Context, ls []sqllock.Lease) (answers []error, err error) {
+	err = n.call(ctx, sqllock.ErrIndeterminate, func() (e error) { answers, e = n.db.ReleaseAll(ctx, ls); return e })
+	if err != nil {
+		answers = nil
+	}
+	return answers, err
 }
 
 func (n *multiNet) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, error) {

@@ -70,6 +70,20 @@ func (m *mutantDB) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewReques
 	return out, nil
 }
 
+// ReleaseAll releases each lease through Release, so that the mutant
+// applies to a set's release too (the memory backend's own would be
+// promoted otherwise).
+func (m *mutantDB) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, error) {
+	if err := sqllock.ValidateReleaseAll(ls); err != nil {
+		return nil, err
+	}
+	out := make([]error, len(ls))
+	for i, l := range ls {
+		out[i] = m.Release(ctx, l)
+	}
+	return out, nil
+}
+
 func (m *mutantDB) Release(ctx context.Context, l sqllock.Lease) error {
 	if m.mutant != MutantReleaseDeletesRow {
 		return m.Backend.Release(ctx, l)
