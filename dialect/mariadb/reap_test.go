@@ -218,3 +218,71 @@ func TestReapRaisesTheFloor(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(5), l.Token, "a new key starts above the floor")
 }
+
+// A batch of acquires (group commit) starts its keys without a row above
+// the floor too, in the batch itself: reaped keys and a new one, in one
+// statement, none sent alone.
+func TestGroupCommitFirstRowsAboveTheFloor(t *testing.T) {
+	t.Parallel()
+	b, db := newBackend(t)
+	a := endKey(t, db, b, "a", 3)
+	z := endKey(t, db, b, "z", 7)
+	n, err := b.Reap(testCtx(t), 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	coalesceAlways(b)
+	out := acquireBatch(t, b, acq("a"), acq("new"), acq("z"))
+	for i, want := range []int64{a, z, z} {
+		require.NoError(t, out[i].err)
+		require.Greater(t, out[i].l.Token, want, "key %d of the batch: G2", i)
+	}
+	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "the acquires went as one batch")
+	require.Zero(t, b.acquireQ.alone.Load(), "a member was sent alone")
+}
+
+// The reaper's mark on the floor row is gone once its transaction
+// commits: a DELETE on the same connection afterwards (one connection in
+// the pool) is refused, and the floor row says no reaper.
+func TestReapLeavesNoMark(t *testing.T) {
+	t.Parallel()
+	b, db := newBackend(t)
+	db.SetMaxOpenConns(1)
+	endKey(t, db, b, "a", 1)
+	endKey(t, db, b, "b", 1)
+	n, err := b.Reap(testCtx(t), 0, 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, err = db.ExecContext(testCtx(t), "DELETE FROM "+quotedTable(b))
+	require.ErrorContains(t, err, "never deleted")
+	var reaper int64
+	require.NoError(t, db.QueryRowContext(testCtx(t), "SELECT reaper FROM "+renderBare("{{floor}}", b.table, nowSQL)).Scan(&reaper))
+	require.Zero(t, reaper)
+}
+
+// A first row that migration 00005's check refuses (SQLSTATE 40001: at or
+// below the floor) applied nothing and is sent again, and the resend
+// reads the floor. A test-only trigger (its count in a MEMORY table,
+// which no rollback undoes) lowers the first attempt's token to 1, as a
+// statement that read the floor before a reap committed would have it.
+func TestFirstRowRefusedByTheFloorIsSentAgain(t *testing.T) {
+	t.Parallel()
+	b, db := newBackend(t)
+	last := endKey(t, db, b, "gone", 4)
+	n, err := b.Reap(testCtx(t), 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	for _, q := range []string{
+		"CREATE TABLE shots (n INT) ENGINE = MEMORY",
+		"CREATE TRIGGER stale BEFORE INSERT ON " + quotedTable(b) + " FOR EACH ROW BEGIN " +
+			"IF NEW.owner = 'stale' AND (SELECT COUNT(*) FROM shots) = 0 THEN INSERT INTO shots VALUES (1); SET NEW.token = 1; END IF; END",
+	} {
+		_, err := db.ExecContext(testCtx(t), q)
+		require.NoError(t, err, q)
+	}
+	l, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "gone", TTL: time.Minute, Owner: "stale"})
+	require.NoError(t, err)
+	require.Greater(t, l.Token, last)
+	var shots int
+	require.NoError(t, db.QueryRowContext(testCtx(t), "SELECT COUNT(*) FROM shots").Scan(&shots))
+	require.Equal(t, 1, shots, "the first attempt did not go through the stale token")
+}
