@@ -143,8 +143,10 @@ DELETE FROM {{table}} WHERE ` + "`key`" + ` IN ({{keys}}) AND {{reapable}}`
 	// RETURNING, and an UPDATE's reply does not carry LAST_INSERT_ID(expr)
 	// (it says 0: checked on 10.11), so the renewal is an INSERT ...
 	// SELECT ... ON DUPLICATE KEY UPDATE ... RETURNING: the SELECT yields
-	// the key only when it has a row (rows are never deleted, so the insert
-	// always takes the update path and inserts nothing), the inserted
+	// the key only when it has a row (so the insert takes the update path
+	// and inserts nothing: a row the reaper deleted after the SELECT read
+	// it is inserted with the lease's token, at or below the floor, and
+	// migration 00005's check refuses it, the resend finding no row), the inserted
 	// values carry the request (VALUES(token), VALUES(deadline) = now +
 	// ?3), and RETURNING gives the row after the statement, renewed or
 	// not: renewed iff token = ?2, held and deadline > now; else token,
@@ -163,8 +165,9 @@ RETURNING token, held, {{us deadline}}, {{us {{now}}}}`
 	// per key, read by JSON_TABLE (the statement is the same text for
 	// every batch size). It is an INSERT ... SELECT ... ON DUPLICATE KEY
 	// UPDATE ... RETURNING, because MariaDB's multi-table UPDATE returns
-	// nothing: the SELECT keeps only keys that have a row (rows are never
-	// deleted, so each one it keeps takes the update path), the inserted
+	// nothing: the SELECT keeps only keys that have a row (so each one it
+	// keeps takes the update path; a reaped one is refused as in
+	// renewSQL), the inserted
 	// values carry the request (token, now + lease), and RETURNING gives
 	// every such row after the statement, renewed or not, with its key.
 	// A key without a row is absent from the result.
