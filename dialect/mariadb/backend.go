@@ -13,7 +13,6 @@ import (
 
 	"github.com/ashlock/ashlock/internal/keyrange"
 	"github.com/ashlock/ashlock/internal/outcome"
-	"github.com/ashlock/ashlock/internal/sqlident"
 	"github.com/ashlock/ashlock/internal/wait"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -40,6 +39,8 @@ type Backend struct {
 	renewSQL, renewBatchSQL, releaseSQL string
 	releaseHeldSQL, releaseBatchSQL     string
 	listSQL, listFromSQL, fenceSQL      string
+	reapPickSQL, reapMarkSQL            string
+	reapUnmarkSQL, reapDeleteSQL        string // reapDeleteSQL with {{keys}}
 
 	stmtMu sync.Mutex
 	stmts  map[string]*sql.Stmt // prepared lazily (the table may not exist yet)
@@ -103,7 +104,7 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	}
 	b.acquireQ = &gcQueue[sqllock.AcquireRequest, sqllock.Lease]{limit: limit, send: b.sendAcquires}
 	b.releaseQ = &gcQueue[sqllock.Lease, struct{}]{limit: limit, send: b.sendReleases}
-	t, wait := sqlident.QuoteMariaDB(o.Table), o.lockWaitSeconds()
+	t, wait := o.Table, o.lockWaitSeconds()
 	prefix := lockWaitPrefix(wait, sessionWait)
 	b.acquireSQL = render(acquireSQL, t, nowSQL, prefix)
 	b.acquireBatchSQL = render(acquireBatchSQL, t, nowSQL, prefix)
@@ -115,6 +116,10 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	b.listSQL = render(listSQL, t, nowSQL, prefix)
 	b.listFromSQL = render(listFromSQL, t, nowSQL, prefix)
 	b.fenceSQL = renderBare(fenceSQL, t, nowSQL)
+	b.reapPickSQL = render(reapPickSQL, t, nowSQL, prefix)
+	b.reapMarkSQL = render(reapMarkSQL, t, nowSQL, prefix)
+	b.reapUnmarkSQL = render(reapUnmarkSQL, t, nowSQL, prefix)
+	b.reapDeleteSQL = render(reapDeleteSQL, t, nowSQL, prefix)
 	return b, nil
 }
 

@@ -17,8 +17,9 @@
 // UPDATE ... RETURNING, and an UPDATE's reply does not carry
 // LAST_INSERT_ID(expr) (it says 0 on 10.11), so renew and the batch
 // renewal are INSERT ... SELECT ... WHERE EXISTS (the key's row) ... ON
-// DUPLICATE KEY UPDATE ... RETURNING, which never inserts (rows are never
-// deleted). A release is a plain UPDATE of the held, unexpired lease, its
+// DUPLICATE KEY UPDATE ... RETURNING, which never inserts (only the reaper
+// deletes rows, and a row it deleted between the SELECT and the insert is
+// refused by the floor's check, see below). A release is a plain UPDATE of the held, unexpired lease, its
 // affected rows saying whether it cleared it; when it did not, a second
 // statement of the renewal's shape clears an expired lease and tells a
 // repeat by the owner from a loss. TryRenewBatch renews any number
@@ -75,8 +76,11 @@
 //
 // # Tokens never go back
 //
-// Rows are never deleted (a trigger refuses DELETE and REPLACE) and a
-// trigger refuses an UPDATE that lowers a token or renames a key. The
+// Rows are deleted only by [Backend.Reap] (a trigger refuses any other
+// DELETE and REPLACE, and raises a table-wide floor past each deleted
+// token; a key's first row takes the floor + 1, and a trigger refuses a
+// first row at or below it), and a trigger refuses an UPDATE that lowers
+// a token or renames a key. The
 // token's increment fails at the largest BIGINT whatever the sql_mode
 // ([sqllock.ErrTokenExhausted]). TRUNCATE and DROP fire no triggers:
 // withhold DROP from the application's user.

@@ -68,6 +68,16 @@ func isCtxErr(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
+// isFloorRace reports whether err is migration 00005's refusal of a first
+// row at or below the floor (SQLSTATE 40001 from its SIGNAL, error 1644):
+// a reap committed between the statement's read of the floor and its
+// insert. The statement applied nothing, and its resend reads the new
+// floor.
+func isFloorRace(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == erSignal && string(me.SQLState[:]) == "40001"
+}
+
 // isDeadlock reports whether err is InnoDB's deadlock (1213): the
 // statement's transaction was rolled back, nothing applied.
 func isDeadlock(err error) bool {

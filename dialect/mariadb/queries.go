@@ -3,11 +3,18 @@ package mariadb
 import (
 	"strconv"
 	"strings"
+
+	"github.com/ashlock/ashlock/internal/sqlident"
 )
 
-// The statements, with {{table}} for the quoted table, {{now}} for the
-// database clock, {{us ...}} for an instant in Unix microseconds and
-// {{free}} for freeSQL. Each runs in autocommit mode, under stmtPrefix
+// floorSuffix names the table's token floor (migration 00004): the lock
+// table's name + "_floor", as package migrations makes it.
+const floorSuffix = "_floor"
+
+// The statements, with {{table}} for the quoted table, {{floor}} for its
+// token floor (migration 00004), {{now}} for the database clock, {{us
+// ...}} for an instant in Unix microseconds, {{free}} for freeSQL,
+// {{first}} for firstSQL and {{reapable}} for reapableSQL. Each runs in autocommit mode, under stmtPrefix
 // unless the session's lock wait is Options.LockWait already.
 //
 // The clock is UTC_TIMESTAMP(6): the server's clock in UTC with
@@ -34,7 +41,8 @@ const (
 	// new key is inserted with token 1; an existing one is updated in
 	// place, and RETURNING gives the row as it is after the statement,
 	// granted or not, so a refusal names the holder from the same round
-	// trip.
+	// trip. A new key's first token is firstSQL (above the floor of reaped
+	// keys); an existing key's goes on from its own (token + 1).
 	//
 	// The trap: MariaDB runs the ON DUPLICATE KEY UPDATE assignments left
 	// to right, and each one sees the columns assigned before it with their
@@ -67,7 +75,7 @@ const (
 	// the largest token, with a warning, granting the same token again.
 	acquireSQL = `
 INSERT INTO {{table}} (` + "`key`" + `, token, held, deadline, owner, value, hold_until)
-VALUES (?, 1, 1, {{now}} + INTERVAL ? MICROSECOND, ?, ?, IF(? > 0, {{now}} + INTERVAL ? MICROSECOND, NULL))
+VALUES (?, {{first}}, 1, {{now}} + INTERVAL ? MICROSECOND, ?, ?, IF(? > 0, {{now}} + INTERVAL ? MICROSECOND, NULL))
 ON DUPLICATE KEY UPDATE
 	token      = token + IF(LAST_INSERT_ID(IF({{free}}, 3, 2 * (held AND deadline > {{now}} AND owner = VALUES(owner)))) & 1, 1, 0),
 	deadline   = IF(LAST_INSERT_ID() & 2,
@@ -78,10 +86,55 @@ ON DUPLICATE KEY UPDATE
 	held       = IF(LAST_INSERT_ID() & 2, 1, held)
 RETURNING token, held, {{us deadline}}, owner, value, {{us {{now}}}}, COALESCE(hold_until > {{now}}, 0)`
 
+	// firstSQL: a key's first token (no row: new, or reaped), the floor +
+	// 1, read from the statement's snapshot (no lock: every acquire
+	// computes it, also one that takes the update path). Migration 00005's
+	// trigger checks an inserted row against the newest committed floor,
+	// with a lock, and fails the statement with SQLSTATE 40001 when a reap
+	// committed meanwhile; the backend sends it again (docs/key-reaping.md).
+	// At the largest token it stays there, so that the acquire of an
+	// existing key never fails on the floor's + 1; the trigger then refuses
+	// the first row (error 1690, ErrTokenExhausted).
+	firstSQL = `(SELECT IF(floor < 9223372036854775807, floor + 1, floor) FROM {{floor}} WHERE id = 1)`
+
 	// freeSQL: the key may be granted to a new tenure: its lease expired,
 	// or it was released and is past its minimum hold (a release inside
 	// it set the deadline to hold_until).
 	freeSQL = `(deadline <= {{now}} OR (NOT held AND COALESCE(hold_until, '1970-01-01') <= {{now}}))`
+
+	// reapableSQL: a key whose lease ended (released or expired) at least
+	// ? µs ago by the database clock: a grant or renewal moves the deadline
+	// to now + TTL, and a release keeps it, so a held, unexpired key never
+	// matches; nor does a semaphore's row ("#permit").
+	reapableSQL = `deadline <= {{now}} - INTERVAL ? MICROSECOND AND INSTR(` + "`key`" + `, '#permit') = 0`
+
+	// reapPickSQL: ?1 the retention in µs, ?2 the batch's limit. Inside the
+	// reaper's READ COMMITTED transaction (see Reap): the rows are locked
+	// FOR UPDATE SKIP LOCKED, so a row an acquire, a renewal, a release or
+	// a fenced transaction (LOCK IN SHARE MODE) has locked is skipped,
+	// never waited for, and reapableSQL is read on the newest committed
+	// version of each row it locks. READ COMMITTED takes no gap locks: the
+	// scan never makes a first insert wait, and a row it rejects is
+	// unlocked at once.
+	reapPickSQL = `
+SELECT ` + "`key`" + ` FROM {{table}} WHERE {{reapable}} LIMIT ? FOR UPDATE SKIP LOCKED`
+
+	// reapMarkSQL and reapUnmarkSQL open and close the reaper's deletes in
+	// its transaction: migration 00006's trigger lets a DELETE through only
+	// when the floor row's reaper is the deleting connection's id, which no
+	// other transaction ever reads (it is 0 again before the commit). The
+	// mark takes the floor row's lock: first inserts (their check reads
+	// the floor with a lock) and other reapers wait for this transaction's
+	// commit, one short delete later.
+	reapMarkSQL   = `UPDATE {{floor}} SET reaper = CONNECTION_ID() WHERE id = 1`
+	reapUnmarkSQL = `UPDATE {{floor}} SET reaper = 0 WHERE id = 1`
+
+	// reapDeleteSQL: the picked keys ({{keys}}: one ? each), then the
+	// retention in µs. Their rows are locked by the pick, so none changed
+	// since; reapableSQL is checked again all the same. Migration 00006's
+	// row trigger raises the floor past each row's token before it goes.
+	reapDeleteSQL = `
+DELETE FROM {{table}} WHERE ` + "`key`" + ` IN ({{keys}}) AND {{reapable}}`
 
 	// renewSQL: ?1 key, ?2 token, ?3 lease in µs, ?4 key again. Extends
 	// the lease iff the row holds token ?2, held and unexpired, to now +
@@ -90,8 +143,10 @@ RETURNING token, held, {{us deadline}}, owner, value, {{us {{now}}}}, COALESCE(h
 	// RETURNING, and an UPDATE's reply does not carry LAST_INSERT_ID(expr)
 	// (it says 0: checked on 10.11), so the renewal is an INSERT ...
 	// SELECT ... ON DUPLICATE KEY UPDATE ... RETURNING: the SELECT yields
-	// the key only when it has a row (rows are never deleted, so the insert
-	// always takes the update path and inserts nothing), the inserted
+	// the key only when it has a row (so the insert takes the update path
+	// and inserts nothing: a row the reaper deleted after the SELECT read
+	// it is inserted with the lease's token, at or below the floor, and
+	// migration 00005's check refuses it, the resend finding no row), the inserted
 	// values carry the request (VALUES(token), VALUES(deadline) = now +
 	// ?3), and RETURNING gives the row after the statement, renewed or
 	// not: renewed iff token = ?2, held and deadline > now; else token,
@@ -110,8 +165,9 @@ RETURNING token, held, {{us deadline}}, {{us {{now}}}}`
 	// per key, read by JSON_TABLE (the statement is the same text for
 	// every batch size). It is an INSERT ... SELECT ... ON DUPLICATE KEY
 	// UPDATE ... RETURNING, because MariaDB's multi-table UPDATE returns
-	// nothing: the SELECT keeps only keys that have a row (rows are never
-	// deleted, so each one it keeps takes the update path), the inserted
+	// nothing: the SELECT keeps only keys that have a row (so each one it
+	// keeps takes the update path; a reaped one is refused as in
+	// renewSQL), the inserted
 	// values carry the request (token, now + lease), and RETURNING gives
 	// every such row after the statement, renewed or not, with its key.
 	// A key without a row is absent from the result.
@@ -201,7 +257,8 @@ LOCK IN SHARE MODE`
 // groupcommit.go): ?1 is a JSON array of [key, lease in µs, owner, value
 // in base64 or null for none, min hold in µs (0 for none)], one element
 // per key, in key order, read by JSON_TABLE (one statement text for every
-// batch size). Its rows are acquireSQL's VALUES, and its ON DUPLICATE KEY
+// batch size). Its rows are acquireSQL's VALUES (a first token above the
+// floor, firstSQL, and migration 00005's check of every inserted row), and its ON DUPLICATE KEY
 // UPDATE clause and RETURNING are acquireSQL's, taken from its text (a
 // change to one is a change to both): the server applies the clause row
 // by row, in the array's order, each row's first assignment taking its
@@ -219,7 +276,7 @@ func batchOfAcquire(single string) string {
 		panic("sqllock/mariadb: acquireSQL lost the shape that acquireBatchSQL is made from")
 	}
 	return head + `
-SELECT r.k, 1, 1, {{now}} + INTERVAL r.us MICROSECOND, r.o, FROM_BASE64(r.v), IF(r.h > 0, {{now}} + INTERVAL r.h MICROSECOND, NULL)
+SELECT r.k, {{first}}, 1, {{now}} + INTERVAL r.us MICROSECOND, r.o, FROM_BASE64(r.v), IF(r.h > 0, {{now}} + INTERVAL r.h MICROSECOND, NULL)
 FROM JSON_TABLE(?, '$[*]' COLUMNS (k VARBINARY(512) PATH '$[0]', us BIGINT PATH '$[1]', o VARBINARY(512) PATH '$[2]',
 	v VARCHAR(8192) PATH '$[3]', h BIGINT PATH '$[4]')) AS r
 ON DUPLICATE KEY UPDATE
@@ -263,19 +320,22 @@ func lockWaitPrefix(lockWait string, sessionWait int64) string {
 	return strings.ReplaceAll(stmtPrefix, "{{lockwait}}", lockWait)
 }
 
-// render fills in a statement for the quoted table and the clock
+// render fills in a statement for table (unquoted) and the clock
 // expression now, after prefix (lockWaitPrefix).
-func render(q, quotedTable, now, prefix string) string {
-	return prefix + renderBare(q, quotedTable, now)
+func render(q, table, now, prefix string) string {
+	return prefix + renderBare(q, table, now)
 }
 
 // renderBare fills in a statement to run inside the caller's transaction
 // (no stmtPrefix: the transaction's own settings apply).
-func renderBare(q, quotedTable, now string) string {
+func renderBare(q, table, now string) string {
 	q = strings.ReplaceAll(q, "{{free}}", freeSQL)
+	q = strings.ReplaceAll(q, "{{first}}", firstSQL)
+	q = strings.ReplaceAll(q, "{{reapable}}", reapableSQL)
+	q = strings.ReplaceAll(q, "{{floor}}", sqlident.QuoteMariaDB(table+floorSuffix))
 	q = strings.ReplaceAll(q, "{{us {{now}}}}", "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "+now+")")
 	q = strings.ReplaceAll(q, "{{us deadline}}", "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', deadline)")
 	q = strings.ReplaceAll(q, "{{now}}", now)
-	q = strings.ReplaceAll(q, "{{table}}", quotedTable)
+	q = strings.ReplaceAll(q, "{{table}}", sqlident.QuoteMariaDB(table))
 	return strings.TrimSpace(q)
 }

@@ -35,8 +35,9 @@ func (b *Backend) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 
 // run runs fn, the sending of one statement of operation op on key, and
 // classifies its error: a context that ended before it starts is "not
-// sent", a deadlock is retried (with a short jittered sleep), anything else
-// goes to classify.
+// sent", a deadlock is retried (with a short jittered sleep), and so is a
+// first row that a reap's committed floor refused (isFloorRace), anything
+// else goes to classify.
 func (b *Backend) run(ctx context.Context, op outcome.Op, key string, fn func(ctx context.Context) error) error {
 	if b.closed.Load() {
 		return errClosed
@@ -48,6 +49,9 @@ func (b *Backend) run(ctx context.Context, op outcome.Op, key string, fn func(ct
 		err := fn(ctx)
 		if err == nil {
 			return nil
+		}
+		if isFloorRace(err) && attempt < deadlockRetries {
+			continue // nothing was applied; the resend reads the new floor
 		}
 		if isDeadlock(err) && attempt < deadlockRetries {
 			b.deadlocks.Add(1)

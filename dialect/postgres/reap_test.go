@@ -280,3 +280,101 @@ func TestUpgradeToReapingKeepsLeases(t *testing.T) {
 	l := acquireOK(t, b, "ended", "new", time.Minute)
 	require.Greater(t, l.Token, last, "a reaped key continues above every token it had")
 }
+
+// Two reapers at once: each one's row trigger reads the floor and raises
+// it past its row's token, and without an order between them the one
+// that read first could set its smaller token last, lowering the floor
+// below a token the other just reaped. Migration 00006 takes an advisory
+// lock (per table, held to the end of the transaction) around that read
+// and raise. The test holds the reaper of a key at token 5 between its
+// read (floor 0) and its raise: a shim of setval, first on that
+// session's search_path, waits for an advisory lock the test holds. A
+// second reaper deletes a key at token 10 meanwhile: it waits for the
+// first one's lock (without it, it raises the floor to 10 and commits).
+// Once the first goes on, the floor must end at 10, and the key reaped at
+// 10 starts above it.
+func TestConcurrentReapersNeverLowerTheFloor(t *testing.T) {
+	t.Parallel()
+	bundle := newBundle(t, Options{})
+	b := bundle.backend
+	admin := adminPool(b)
+	hi := endKey(t, b, "hi", 10)
+	lo := endKey(t, b, "lo", 5)
+	require.EqualValues(t, 10, hi)
+	require.EqualValues(t, 5, lo)
+
+	shim := pgx.Identifier{bundle.db.Schema + "_shim"}.Sanitize()
+	gate := time.Now().UnixNano() & 0x7fffffff
+	_, err := admin.Exec(testCtx(t), `CREATE SCHEMA `+shim)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `DROP SCHEMA `+shim+` CASCADE`) })
+	_, err = admin.Exec(testCtx(t), fmt.Sprintf(`CREATE FUNCTION %s.setval(regclass, bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+		BEGIN
+			IF $2 = 5 THEN PERFORM pg_advisory_xact_lock_shared(%d); END IF;
+			RETURN pg_catalog.setval($1, $2);
+		END $$`, shim, gate))
+	require.NoError(t, err)
+
+	hold, err := admin.Acquire(testCtx(t))
+	require.NoError(t, err)
+	defer hold.Release()
+	_, err = hold.Exec(testCtx(t), `SELECT pg_advisory_lock($1)`, gate)
+	require.NoError(t, err)
+	unlocked := false
+	defer func() {
+		if !unlocked {
+			_, _ = hold.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, gate)
+		}
+	}()
+
+	// reapKey deletes key as the reaper does, on a connection whose
+	// search_path puts the shim before pg_catalog.
+	reapKey := func(key string) error {
+		tx, err := admin.Begin(testCtx(t))
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(context.Background())
+		if _, err := tx.Exec(testCtx(t), fmt.Sprintf(`SET LOCAL search_path = %s, pg_catalog, %s`, shim, pgx.Identifier{bundle.db.Schema}.Sanitize())); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(testCtx(t), fmt.Sprintf(`DELETE FROM %s WHERE key = $1 /* reaper-%s */
+			AND set_config('sqllock.reap', '%s'::regclass::oid::text, true) IS NOT NULL`, b.table, key, b.table), key); err != nil {
+			return err
+		}
+		return tx.Commit(testCtx(t))
+	}
+	first := make(chan error, 1)
+	go func() { first <- reapKey("lo") }()
+	waitBlocked(t, b, "reaper-lo")
+
+	second := make(chan error, 1)
+	go func() { second <- reapKey("hi") }()
+	// The second reaper either waits for the first one's lock or, without
+	// it, commits its raise to 10.
+	deadline := time.Now().Add(10 * time.Second)
+	for waiting := false; !waiting; {
+		select {
+		case err := <-second:
+			require.NoError(t, err)
+			second <- nil
+			waiting = true
+		default:
+			var n int
+			require.NoError(t, admin.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND strpos(query, 'reaper-hi') > 0`).Scan(&n))
+			waiting = n > 0
+			require.True(t, time.Now().Before(deadline), "the second reaper neither waited nor finished")
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	_, err = hold.Exec(testCtx(t), `SELECT pg_advisory_unlock($1)`, gate)
+	require.NoError(t, err)
+	unlocked = true
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+
+	require.EqualValues(t, hi, floorOf(t, b), "two reapers lowered the floor below a reaped token")
+	l := acquireOK(t, b, "hi", "again", time.Minute)
+	require.Greater(t, l.Token, hi, "the key reaped at 10 started again below it: G2")
+}

@@ -21,8 +21,8 @@ semaphore's rows.
 
 Fencing stays safe: the table keeps a floor above every token of a deleted
 key, so a pruned key's next holder gets a larger token than any it had.
-SQLite and PostgreSQL prune (PostgreSQL after "sqllock migrate up" to
-migration 00006); MariaDB keeps every key.
+SQLite, PostgreSQL and MariaDB prune, after "sqllock migrate up"
+(PostgreSQL: migration 00006; MariaDB: 00006).
 
 Example:
   sqllock prune --older-than 24h

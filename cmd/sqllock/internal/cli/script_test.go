@@ -201,6 +201,7 @@ var mariaDBScripts = []string{
 	"bench",
 	"exit_codes",
 	"conflict_exit_code",
+	"prune",
 }
 
 func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.Params {
