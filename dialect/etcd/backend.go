@@ -30,8 +30,9 @@ type Backend struct {
 	prefix string
 	maxOps int // operations per transaction, at most
 
-	mu      sync.Mutex            // guards seen, sems, spares, granted, warming
+	mu      sync.Mutex            // guards seen, floor, sems, spares, granted, warming
 	seen    map[string]seenRecord // the last token record seen per key; a hint only
+	floor   floorHint             // the token floor last seen (see reap.go); a hint only
 	sems    semCache              // semaphores' limits and owners seen; hints only
 	spares  map[int64][]spare     // keyless etcd leases for reuse, by granted TTL (seconds)
 	granted map[int64]int64       // requested TTL → the TTL etcd granted for it (seconds)
@@ -46,6 +47,9 @@ type Backend struct {
 	// permitSpare candidates more (see permitChainLen; tests raise it).
 	permitsInFlight atomic.Int64
 	permitSpare     int
+	// beforeGrant, when set (by tests), is called just before a single
+	// acquire's grant transaction is sent.
+	beforeGrant func(key string)
 }
 
 var (
@@ -70,7 +74,7 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
 		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares,
 		permitSpare: permitSpare}
-	b.acq = txnGroup{op: outcome.Acquire, width: 3}
+	b.acq = txnGroup{op: outcome.Acquire, width: 4} // a first grant's 4 compares
 	b.rel = txnGroup{op: outcome.Release, width: 2}
 	b.watch.b = b
 	b.ka.cli = cli
@@ -127,12 +131,24 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		return sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: start, Deadline: start.Add(time.Duration(max(grant.ttl, hold.ttl)) * time.Second)}, gone
 	}
 	for range maxAttempts {
+		// A first grant (no token record) starts above the floor, and
+		// compares it unchanged (see reap.go).
+		first := seen.rev == 0
+		var floor floorHint
+		if first {
+			floor = b.floorSeen()
+			seen.token = max(seen.token, floor.value)
+		}
 		if seen.token == math.MaxInt64 {
 			lease, gone := settle()
 			b.putSpare(hold)
 			if gone {
 				b.putSpare(grant)
 				return sqllock.Lease{}, b.leaseGone(req.Key)
+			}
+			if first {
+				b.putSpare(grant)
+				return sqllock.Lease{}, fmt.Errorf("%w: key %q: the token floor of reaped keys is at the end", sqllock.ErrTokenExhausted, req.Key)
 			}
 			return b.exhausted(ctx, lease, grant)
 		}
@@ -156,8 +172,16 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			clientv3.Compare(clientv3.CreateRevision(b.holdKey(req.Key)), "=", 0),
 			clientv3.Compare(clientv3.ModRevision(b.tokenKey(req.Key)), "=", seen.rev),
 		}
+		reads := b.stateOps(req.Key)
+		if first {
+			cmps = append(cmps, b.firstGrantCmp(floor))
+			reads = append(reads, clientv3.OpGet(b.floorKey()))
+		}
+		if b.beforeGrant != nil {
+			b.beforeGrant(req.Key)
+		}
 		grantTxn := func() (*clientv3.TxnResponse, error) {
-			return b.cli.Txn(ctx).If(cmps...).Then(puts...).Else(b.stateOps(req.Key)...).Commit()
+			return b.cli.Txn(ctx).If(cmps...).Then(puts...).Else(reads...).Commit()
 		}
 		var resp *clientv3.TxnResponse
 		if hold.id == 0 {
@@ -194,7 +218,14 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			lease.Token, lease.Value = token, cloneValue(req.Value)
 			return lease, nil
 		}
-		s, err := parseState(req.Key, resp.Responses)
+		rs := resp.Responses
+		if first {
+			if _, err := b.noteFloor(rs[len(rs)-1].GetResponseRange().GetKvs()); err != nil {
+				return sqllock.Lease{}, err
+			}
+			rs = rs[:len(rs)-1]
+		}
+		s, err := parseState(req.Key, rs)
 		if err != nil {
 			return sqllock.Lease{}, err
 		}
@@ -318,7 +349,8 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err := ctx.Err(); err != nil {
 		return notSent(outcome.Release, l.Key, err)
 	}
-	rel, err := json.Marshal(releaseRecord{Token: l.Token, By: l.Owner})
+	seen := b.recall(l.Key)
+	rel, err := json.Marshal(releaseRec(l, seen))
 	if err != nil {
 		return err
 	}
@@ -327,7 +359,6 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	// Backend granted l with a min hold, or the flat one finds a min-hold
 	// key that it did not know of, the release ends the hold too unless
 	// l's owner releases (a nested transaction, about 50 µs more).
-	seen := b.recall(l.Key)
 	flat := !(seen.token == l.Token && seen.holdLease != 0)
 	var resp *clientv3.TxnResponse
 	if flat {

@@ -66,6 +66,11 @@ type tokenRecord struct {
 type releaseRecord struct {
 	Token int64  `json:"token"`
 	By    string `json:"by"`
+	// Lease is the etcd lease the released holder was on, and TTL the
+	// lease's TTL in whole seconds (0: not known): when the released
+	// lease ended, for a reap (see releaseRec).
+	Lease clientv3.LeaseID `json:"lease,omitempty"`
+	TTL   int64            `json:"ttl,omitempty"`
 }
 
 // holdRecord is the value of <prefix>m/K: the grant whose min hold it
