@@ -205,3 +205,21 @@ func TestReapKeepsALiveReleasedLease(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 }
+
+// TestReapWithinMaxTxnOps: a reap of more ended keys than one etcd
+// transaction may compare (etcd's default --max-txn-ops, 128: 42 keys of
+// 3 compares, and the floor's) splits them, and deletes them all.
+func TestReapWithinMaxTxnOps(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t).backend
+	ctx := testCtx(t)
+	const keys = 50
+	for i := range keys {
+		l, err := b.TryAcquire(ctx, reqFor(fmt.Sprintf("k%02d", i), "o"))
+		require.NoError(t, err)
+		expire(t, b, l.Key)
+	}
+	n, err := b.Reap(ctx, 0, 1000)
+	require.NoError(t, err)
+	require.Equal(t, keys, n)
+}
