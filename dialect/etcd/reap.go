@@ -168,8 +168,8 @@ const reapCompares, reapDeletes = 3, 2
 // olderThan ago by etcd's clock (see the package doc and
 // docs/key-reaping.md), in transactions of at most MaxTxnOps operations
 // that compare each key unchanged and free and raise the floor, comparing
-// its revision. A semaphore's keys (containing "#permit") are never
-// reaped.
+// its revision. A semaphore's keys (containing "#permit") and reader
+// slots (whose numbering is their key's own) are never reaped.
 //
 // When a key's lease ended: it is free (no holder, no min-hold key); a
 // key released by its holder ended at its release plus the TTL the lease
@@ -241,7 +241,8 @@ func (b *Backend) reapCandidates(ctx context.Context, page []*mvccpb.KeyValue, o
 	first := strings.TrimPrefix(string(page[0].Key), b.tokenKey(""))
 	last := strings.TrimPrefix(string(page[len(page)-1].Key), b.tokenKey(""))
 	within := func(k func(string) string, opts ...clientv3.OpOption) clientv3.Op {
-		return clientv3.OpGet(k(first), append([]clientv3.OpOption{clientv3.WithRange(k(last) + "\x00"), clientv3.WithKeysOnly()}, opts...)...)
+		// Through last's presence keys (see shared.go).
+		return clientv3.OpGet(k(first), append([]clientv3.OpOption{clientv3.WithRange(k(last) + "\x01"), clientv3.WithKeysOnly()}, opts...)...)
 	}
 	ops := []clientv3.Op{
 		within(b.holderKey),
@@ -263,7 +264,11 @@ func (b *Backend) reapCandidates(ctx context.Context, page []*mvccpb.KeyValue, o
 	keysOf := func(i int, k func(string) string) map[string]bool {
 		m := make(map[string]bool)
 		for _, kv := range resp.Responses[i].GetResponseRange().GetKvs() {
-			m[strings.TrimPrefix(string(kv.Key), k(""))] = true
+			name := strings.TrimPrefix(string(kv.Key), k(""))
+			if at := strings.IndexByte(name, 0); at >= 0 {
+				name = name[:at] // a reader's presence key: its key is held shared
+			}
+			m[name] = true
 		}
 		return m
 	}
@@ -279,8 +284,8 @@ func (b *Backend) reapCandidates(ctx context.Context, page []*mvccpb.KeyValue, o
 	var out []reapCandidate
 	for _, kv := range page {
 		key := strings.TrimPrefix(string(kv.Key), b.tokenKey(""))
-		if strings.Contains(key, "#permit") || holders[key] || holds[key] {
-			continue // a semaphore's, or not free
+		if strings.Contains(key, "#permit") || holders[key] || holds[key] || isSlot(key) {
+			continue // a semaphore's, not free (held, in its min hold, read), or a reader slot
 		}
 		var rec tokenRecord
 		if err := json.Unmarshal(kv.Value, &rec); err != nil {
@@ -348,7 +353,7 @@ func (b *Backend) reapTxn(ctx context.Context, cands []reapCandidate) (int, erro
 			cmps = append(cmps,
 				clientv3.Compare(clientv3.ModRevision(b.tokenKey(c.key)), "=", c.rev),
 				clientv3.Compare(clientv3.CreateRevision(b.holderKey(c.key)), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(b.holdKey(c.key)), "=", 0))
+				b.noHoldNorReaders(c.key))
 			dels = append(dels, clientv3.OpDelete(b.tokenKey(c.key)), clientv3.OpDelete(b.releaseKey(c.key)))
 		}
 		dels = append(dels, clientv3.OpPut(b.floorKey(), strconv.FormatInt(top, 10)))
@@ -392,4 +397,10 @@ func releaseRec(l sqllock.Lease, seen seenRecord) releaseRecord {
 		r.TTL = int64(min((d+time.Second-1)/time.Second, math.MaxInt32))
 	}
 	return r
+}
+
+// isSlot reports whether key is a reader slot's.
+func isSlot(key string) bool {
+	_, _, ok := sqllock.ParseSharedKey(key)
+	return ok
 }
