@@ -31,7 +31,11 @@
 //
 // Beside them: <prefix>floor, at least the largest token of every key
 // ever reaped, and <prefix>c/R, a reap's clock entries (see
-// [Backend.Reap] and docs/key-reaping.md).
+// [Backend.Reap] and docs/key-reaping.md). A reader of K (a shared
+// grant) holds reader slot K#shared-i with these keys, and puts
+// <prefix>m/K\x00i on its etcd lease; a waiting writer's mark is
+// <prefix>w/K on an etcd lease of its own (see shared.go and
+// docs/shared-locks.md).
 //
 // A grant is one etcd transaction that compares the token record's
 // revision and the absence of the holder and of the min-hold key, and
