@@ -95,7 +95,10 @@ func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 		}
 		reads := make([]clientv3.Op, 0, 3*len(keys)+1)
 		for _, k := range keys {
-			reads = append(reads, clientv3.OpGet(b.tokenKey(k)), clientv3.OpGet(b.holderKey(k)), clientv3.OpGet(b.holdKey(k)))
+			// The min-hold key's range holds K's readers' presence keys
+			// too (see shared.go): either makes the key taken.
+			reads = append(reads, clientv3.OpGet(b.tokenKey(k)), clientv3.OpGet(b.holderKey(k)),
+				clientv3.OpGet(b.holdKey(k), clientv3.WithRange(b.holdKey(k)+"\x01"), clientv3.WithLimit(1)))
 		}
 		reads = append(reads, clientv3.OpGet(b.floorKey()))
 		resp, err := b.cli.Txn(ctx).If(cmps...).Then(puts...).Else(reads...).Commit()
@@ -189,7 +192,7 @@ func (b *Backend) setTxn(req sqllock.MultiAcquireRequest, keys []string, states 
 		} else {
 			cmps = append(cmps,
 				clientv3.Compare(clientv3.CreateRevision(b.holderKey(k)), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(b.holdKey(k)), "=", 0),
+				b.noHoldNorReaders(k),
 				clientv3.Compare(clientv3.ModRevision(b.tokenKey(k)), "=", rev))
 		}
 		puts = append(puts,

@@ -41,3 +41,21 @@ func TestSharedMarkBetweenReadAndTxn(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, w.Token, r0.Token)
 }
+
+// TestSetRefusedBesideReaders: a set of keys, one of them read, is
+// refused whole: the set's grant compares each key free of readers, as a
+// single exclusive grant does.
+func TestSetRefusedBesideReaders(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t).backend
+	ctx := testCtx(t)
+	r, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "b", TTL: 10 * time.Second, Owner: "r", Shared: true})
+	require.NoError(t, err)
+	for range 2 { // the second with this Backend's hints of both keys
+		_, err = b.TryAcquireAll(ctx, sqllock.MultiAcquireRequest{Keys: []string{"a", "b"}, TTL: 10 * time.Second, Owner: "set"})
+		require.ErrorIs(t, err, sqllock.ErrNotAcquired, "a set granted beside a reader of one of its keys")
+	}
+	require.NoError(t, b.Release(ctx, r))
+	_, err = b.TryAcquireAll(ctx, sqllock.MultiAcquireRequest{Keys: []string{"a", "b"}, TTL: 10 * time.Second, Owner: "set"})
+	require.NoError(t, err)
+}
