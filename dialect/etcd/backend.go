@@ -175,7 +175,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		}
 		cmps := []clientv3.Cmp{
 			clientv3.Compare(clientv3.CreateRevision(b.holderKey(req.Key)), "=", 0),
-			b.noHoldNorReaders(req.Key), // no min hold, no reader (see shared.go)
+			b.noHold(req.Key, seen.shared), // no min hold, no reader (see shared.go)
 			clientv3.Compare(clientv3.ModRevision(b.tokenKey(req.Key)), "=", seen.rev),
 		}
 		reads := b.stateOps(req.Key)

@@ -152,8 +152,10 @@ func (b *Backend) setTxn(req sqllock.MultiAcquireRequest, keys []string, states 
 	floor, firsts := b.floorSeen(), false
 	for i, k := range keys {
 		var rev, token int64
+		var shared bool // the record read was a reader's: compare K free of readers
 		if states != nil {
 			rev, token = states[i].recRev, states[i].rec.Token
+			shared = states[i].seen().shared
 			if s := states[i]; s.held() && s.rec.Owner == req.Owner {
 				// Held by this very request: the same token, the holder
 				// onto the new etcd lease, iff it still holds.
@@ -166,7 +168,7 @@ func (b *Backend) setTxn(req sqllock.MultiAcquireRequest, keys []string, states 
 			}
 		} else {
 			r := b.recall(k)
-			rev, token = r.rev, r.token
+			rev, token, shared = r.rev, r.token, r.shared
 		}
 		if rev == 0 {
 			token, firsts = max(token, floor.value), true
@@ -192,7 +194,7 @@ func (b *Backend) setTxn(req sqllock.MultiAcquireRequest, keys []string, states 
 		} else {
 			cmps = append(cmps,
 				clientv3.Compare(clientv3.CreateRevision(b.holderKey(k)), "=", 0),
-				b.noHoldNorReaders(k),
+				b.noHold(k, shared),
 				clientv3.Compare(clientv3.ModRevision(b.tokenKey(k)), "=", rev))
 		}
 		puts = append(puts,
