@@ -30,8 +30,9 @@ type Backend struct {
 	prefix string
 	maxOps int // operations per transaction, at most
 
-	mu      sync.Mutex            // guards seen, sems, spares, granted, warming
+	mu      sync.Mutex            // guards seen, floor, sems, spares, granted, warming
 	seen    map[string]seenRecord // the last token record seen per key; a hint only
+	floor   floorHint             // the token floor last seen (see reap.go); a hint only
 	sems    semCache              // semaphores' limits and owners seen; hints only
 	spares  map[int64][]spare     // keyless etcd leases for reuse, by granted TTL (seconds)
 	granted map[int64]int64       // requested TTL → the TTL etcd granted for it (seconds)
@@ -46,6 +47,9 @@ type Backend struct {
 	// permitSpare candidates more (see permitChainLen; tests raise it).
 	permitsInFlight atomic.Int64
 	permitSpare     int
+	// beforeGrant, when set (by tests), is called just before a single
+	// acquire's grant transaction is sent, exclusive or shared.
+	beforeGrant func(key string)
 }
 
 var (
@@ -70,7 +74,7 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
 		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares,
 		permitSpare: permitSpare}
-	b.acq = txnGroup{op: outcome.Acquire, width: 3}
+	b.acq = txnGroup{op: outcome.Acquire, width: 4} // a first grant's 4 compares
 	b.rel = txnGroup{op: outcome.Release, width: 2}
 	b.watch.b = b
 	b.ka.cli = cli
@@ -89,6 +93,9 @@ const maxAttempts = 8
 // of latency), or a lease grant and then the transaction when no spare is
 // at hand (see the package doc for the other cases).
 func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	if req.Shared {
+		return b.tryAcquireShared(ctx, req)
+	}
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
 	}
@@ -96,7 +103,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		return sqllock.Lease{}, notSent(outcome.Acquire, req.Key, err)
 	}
 	seen := b.recall(req.Key)
-	if seen.held {
+	if seen.held && !req.Mark {
 		// A waiter polls a key it saw held: read first, so that a refused
 		// attempt writes nothing (no lease grant, no transaction).
 		s, err := b.read(ctx, outcome.Acquire, req.Key)
@@ -127,12 +134,24 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		return sqllock.Lease{Key: req.Key, Owner: req.Owner, BackendTime: start, Deadline: start.Add(time.Duration(max(grant.ttl, hold.ttl)) * time.Second)}, gone
 	}
 	for range maxAttempts {
+		// A first grant (no token record) starts above the floor, and
+		// compares it unchanged (see reap.go).
+		first := seen.rev == 0
+		var floor floorHint
+		if first {
+			floor = b.floorSeen()
+			seen.token = max(seen.token, floor.value)
+		}
 		if seen.token == math.MaxInt64 {
 			lease, gone := settle()
 			b.putSpare(hold)
 			if gone {
 				b.putSpare(grant)
 				return sqllock.Lease{}, b.leaseGone(req.Key)
+			}
+			if first {
+				b.putSpare(grant)
+				return sqllock.Lease{}, fmt.Errorf("%w: key %q: the token floor of reaped keys is at the end", sqllock.ErrTokenExhausted, req.Key)
 			}
 			return b.exhausted(ctx, lease, grant)
 		}
@@ -151,16 +170,31 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		if hold.id != 0 {
 			puts = append(puts, clientv3.OpPut(b.holdKey(req.Key), holdValue(token, req.Owner), clientv3.WithLease(hold.id)))
 		}
+		if req.Mark {
+			puts = append(puts, b.unmarkOp(req.Key, req.Owner)) // a waiting writer's grant ends its mark
+		}
 		cmps := []clientv3.Cmp{
 			clientv3.Compare(clientv3.CreateRevision(b.holderKey(req.Key)), "=", 0),
-			clientv3.Compare(clientv3.CreateRevision(b.holdKey(req.Key)), "=", 0),
+			b.noHold(req.Key, seen.shared), // no min hold, no reader (see shared.go)
 			clientv3.Compare(clientv3.ModRevision(b.tokenKey(req.Key)), "=", seen.rev),
 		}
+		reads := b.stateOps(req.Key)
+		if first {
+			cmps = append(cmps, b.firstGrantCmp(floor))
+			reads = append(reads, clientv3.OpGet(b.floorKey()))
+		}
+		reads = append(reads, b.readerOps(req.Key)...)
+		if req.Mark {
+			reads = append(reads, b.markOps(req.Key, req.Owner, grant.id))
+		}
+		if b.beforeGrant != nil {
+			b.beforeGrant(req.Key)
+		}
 		grantTxn := func() (*clientv3.TxnResponse, error) {
-			return b.cli.Txn(ctx).If(cmps...).Then(puts...).Else(b.stateOps(req.Key)...).Commit()
+			return b.cli.Txn(ctx).If(cmps...).Then(puts...).Else(reads...).Commit()
 		}
 		var resp *clientv3.TxnResponse
-		if hold.id == 0 {
+		if hold.id == 0 && !req.Mark {
 			// Without a min hold, a grant may share a transaction with
 			// others (see txnGroup).
 			var o groupOutcome
@@ -194,7 +228,21 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			lease.Token, lease.Value = token, cloneValue(req.Value)
 			return lease, nil
 		}
-		s, err := parseState(req.Key, resp.Responses)
+		rs := resp.Responses
+		marked := false
+		if req.Mark {
+			marked = markSet(rs[len(rs)-1])
+			rs = rs[:len(rs)-1]
+		}
+		readers := rs[len(rs)-2:]
+		rs = rs[:len(rs)-2]
+		if first {
+			if _, err := b.noteFloor(rs[len(rs)-1].GetResponseRange().GetKvs()); err != nil {
+				return sqllock.Lease{}, err
+			}
+			rs = rs[:len(rs)-1]
+		}
+		s, err := parseState(req.Key, rs)
 		if err != nil {
 			return sqllock.Lease{}, err
 		}
@@ -209,8 +257,21 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 				lease.Deadline = grant.at.Add(time.Duration(grant.ttl) * time.Second)
 				return b.regrant(ctx, lease, s, grant)
 			}
-			b.putSpare(grant) // none when gone
-			return sqllock.Lease{}, b.refusal(ctx, req.Key, s)
+			if !marked {
+				b.putSpare(grant) // none when gone
+			}
+			he := b.refusal(ctx, req.Key, s)
+			if h, ok := he.(*sqllock.HeldError); ok {
+				h.WaitingWriter = markOwner(markOf(readers))
+			}
+			return sqllock.Lease{}, he
+		}
+		if he := b.readersRefusal(ctx, req.Key, s, readers); he != nil {
+			b.putSpare(hold)
+			if !marked {
+				b.putSpare(grant)
+			}
+			return sqllock.Lease{}, he
 		}
 		// Free, but the token record changed since this Backend saw it:
 		// try again on the record just read.
@@ -318,7 +379,8 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err := ctx.Err(); err != nil {
 		return notSent(outcome.Release, l.Key, err)
 	}
-	rel, err := json.Marshal(releaseRecord{Token: l.Token, By: l.Owner})
+	seen := b.recall(l.Key)
+	rel, err := json.Marshal(releaseRec(l, seen))
 	if err != nil {
 		return err
 	}
@@ -327,10 +389,14 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	// Backend granted l with a min hold, or the flat one finds a min-hold
 	// key that it did not know of, the release ends the hold too unless
 	// l's owner releases (a nested transaction, about 50 µs more).
-	seen := b.recall(l.Key)
 	flat := !(seen.token == l.Token && seen.holdLease != 0)
 	var resp *clientv3.TxnResponse
-	if flat {
+	switch {
+	case flat && isSlot(l.Key):
+		// A reader's release deletes its presence key too: one operation
+		// more than a batch's member has room for (see txnGroup).
+		resp, err = b.releaseTxn(ctx, l, string(rel), true)
+	case flat:
 		var o groupOutcome
 		resp, o, err = b.viaGroup(ctx, &b.rel, l.Key, b.releaseOp(l, string(rel)), 4*len(b.holderKey(l.Key))+len(rel)+64,
 			func() (*clientv3.TxnResponse, error) { return b.releaseTxn(ctx, l, string(rel), true) })
@@ -341,7 +407,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 			b.released(l, seen, o.tr.Responses[0].GetResponseDeleteRange().GetPrevKvs())
 			return nil
 		}
-	} else {
+	default:
 		resp, err = b.releaseTxn(ctx, l, string(rel), false)
 	}
 	if err == nil && !resp.Succeeded && flat {
@@ -364,6 +430,11 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		ks := s.sqllock()
 		if ks.ReleasedByOwner(l) {
 			return nil // a repeat by the owner that released
+		}
+		if s.holder == nil && s.recRev != 0 && s.rec.Owner == "" && s.rec.Token == l.Token && !s.released() {
+			// K's token record written by a reader's grant: a forced
+			// release of K held shared ends its readers.
+			return b.releaseReaders(ctx, l, s)
 		}
 		lost := ks.Loss(l)
 		// A forced release of a grant in its min hold, held or released
@@ -424,10 +495,10 @@ func (b *Backend) released(l sqllock.Lease, seen seenRecord, prev []*mvccpb.KeyV
 func (b *Backend) releaseOp(l sqllock.Lease, rel string) clientv3.Op {
 	return clientv3.OpTxn(
 		[]clientv3.Cmp{b.holds(l), clientv3.Compare(clientv3.CreateRevision(b.holdKey(l.Key)), "=", 0)},
-		[]clientv3.Op{
+		b.withoutPresence([]clientv3.Op{
 			clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
 			clientv3.OpPut(b.releaseKey(l.Key), rel),
-		}, nil)
+		}, l.Key), nil)
 }
 
 // releaseTxn is the transaction of a release of l that holds the key:
@@ -436,10 +507,10 @@ func (b *Backend) releaseOp(l sqllock.Lease, rel string) clientv3.Op {
 // transaction that ends the hold unless l's owner releases.
 func (b *Backend) releaseTxn(ctx context.Context, l sqllock.Lease, rel string, flat bool) (*clientv3.TxnResponse, error) {
 	cmps := []clientv3.Cmp{b.holds(l)}
-	ops := []clientv3.Op{
+	ops := b.withoutPresence([]clientv3.Op{
 		clientv3.OpDelete(b.holderKey(l.Key), clientv3.WithPrevKV()),
 		clientv3.OpPut(b.releaseKey(l.Key), rel),
-	}
+	}, l.Key)
 	if flat {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(b.holdKey(l.Key)), "=", 0))
 	} else {
@@ -475,9 +546,21 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		clientv3.OpGet(b.holderKey(prefix), clientv3.WithPrefix()),
 		clientv3.OpGet(b.releaseKey(prefix), clientv3.WithPrefix()),
 		clientv3.OpGet(b.holdKey(prefix), clientv3.WithPrefix()),
+		clientv3.OpGet(b.markKey(prefix), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, translate(ctx, outcome.List, prefix, err)
+	}
+	// Readers by key (their slots' holders), and waiting writers' marks.
+	readers := make(map[string][]*mvccpb.KeyValue)
+	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
+		if k, _, ok := sqllock.ParseSharedKey(strings.TrimPrefix(string(kv.Key), b.holderKey(""))); ok {
+			readers[k] = append(readers[k], kv)
+		}
+	}
+	marks := make(map[string]string)
+	for _, kv := range resp.Responses[4].GetResponseRange().GetKvs() {
+		marks[strings.TrimPrefix(string(kv.Key), b.markKey(""))] = string(kv.Value)
 	}
 	holders := make(map[string]*mvccpb.KeyValue)
 	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
@@ -526,7 +609,23 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 			}
 			info.Deadline = until
 			info.Remaining = max(time.Until(until), time.Millisecond)
+		} else if rs := readers[key]; len(rs) > 0 {
+			// Held shared: by no one in particular, until its last
+			// reader's end.
+			info.Held, info.Owner, info.Shared = true, "", len(rs)
+			var until time.Time
+			for _, h := range rs {
+				slot := strings.TrimPrefix(string(h.Key), b.holderKey(""))
+				r := b.recall(slot)
+				if tokenString(r.token) != string(h.Value) {
+					r = seenRecord{}
+				}
+				until = later(until, b.leaseEnd(ctx, h, r.lease, r.deadline))
+			}
+			info.Deadline = until
+			info.Remaining = max(time.Until(until), time.Millisecond)
 		}
+		info.WaitingWriter = marks[key]
 		out = append(out, info)
 	}
 	// etcd returns keys in byte order, which is the order of the suffixes

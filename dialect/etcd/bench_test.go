@@ -55,7 +55,9 @@ func benchRace(b *testing.B, g, n, keys int, cs []*benchContender) {
 
 // BenchmarkPermitAndSetPair measures, through one Backend and interleaved
 // in rounds, single-key TryAcquire + Release pairs (random keys of
-// 10,000) beside permit acquire + release pairs on random semaphores of N
+// 10,000) beside shared acquire + release pairs (a reader's, random keys
+// of 10,000 of their own: shared_ratio is its cost in single-key pairs,
+// target 1.2) and permit acquire + release pairs on random semaphores of N
 // = 1, 4 and 16 permits (of 1,000 semaphores) and TryAcquireAll of 4
 // random keys with the release of its leases sent at once (set4) or in
 // one ReleaseAll, one transaction (set4_all). Metrics:
@@ -80,6 +82,18 @@ func BenchmarkPermitAndSetPair(b *testing.B) {
 				return be.Release(ctx, l)
 			}}
 			cs := []*benchContender{single}
+			// A reader's pair: a shared acquire of a key of its own and
+			// its release (a read, then the grant: see shared.go).
+			cs = append(cs, &benchContender{name: "shared", run: func(ctx context.Context, key, owner string) error {
+				l, err := be.TryAcquire(ctx, sqllock.AcquireRequest{Key: key + "r", TTL: time.Minute, Owner: owner, Shared: true})
+				if errors.Is(err, sqllock.ErrNotAcquired) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				return be.Release(ctx, l)
+			}})
 			for _, n := range []int{1, 4, 16} {
 				cs = append(cs, &benchContender{name: fmt.Sprintf("permit%d", n), run: func(ctx context.Context, key, owner string) error {
 					at := strings.LastIndexByte(key, '/')

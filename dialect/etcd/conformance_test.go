@@ -17,7 +17,10 @@ func TestConformance(t *testing.T) {
 		// which etcd revokes up to about half a second after it expires
 		// (its lessor looks for expired leases every 500 ms).
 		MinHoldRoundUp: minLeaseTTL(t) + time.Second,
-		New:            func(t *testing.T) sqllock.Backend { return newBundle(t).backend },
+		// A mark's etcd lease likewise.
+		MarkRoundUp: minLeaseTTL(t) + time.Second,
+		Shared:      true,
+		New:         func(t *testing.T) sqllock.Backend { return newBundle(t).backend },
 		Expire: func(t *testing.T, b sqllock.Backend, key string) {
 			expire(t, b.(*Backend), key)
 		},

@@ -13,13 +13,14 @@
 // four etcd keys:
 //
 //	<prefix>t/K  the token record: the key's current token and the owner
-//	             it was granted to (JSON); written by every grant, never
-//	             deleted, so the token never restarts
+//	             it was granted to (JSON); written by every grant, deleted
+//	             only by a reap ([Backend.Reap]), which raises the floor
 //	<prefix>h/K  the holder: the current token in decimal, attached to an
 //	             etcd lease; it exists exactly while the grant is held and
 //	             unexpired by etcd (a release deletes it, etcd's expiry of
 //	             the lease deletes it)
-//	<prefix>r/K  the last release: the token released and who released it
+//	<prefix>r/K  the last release: the token released, who released it,
+//	             the released etcd lease and its TTL
 //	<prefix>m/K  the min hold of the current grant, when it was asked for
 //	             one ([sqllock.AcquireRequest.MinHold]): its token and
 //	             owner (JSON), attached to an etcd lease of its own
@@ -28,11 +29,22 @@
 // (never a min hold), and its limit N the token record of K#permits
 // (token N, never held), written by the semaphore's first grant.
 //
+// Beside them: <prefix>floor, at least the largest token of every key
+// ever reaped, and <prefix>c/R, a reap's clock entries (see
+// [Backend.Reap] and docs/key-reaping.md). A reader of K (a shared
+// grant) holds reader slot K#shared-i with these keys, and puts
+// <prefix>m/K\x00i on its etcd lease; a waiting writer's mark is
+// <prefix>w/K on an etcd lease of its own (see shared.go and
+// docs/shared-locks.md).
+//
 // A grant is one etcd transaction that compares the token record's
 // revision and the absence of the holder and of the min-hold key, and
 // writes the token record (token + 1) and the holder (and the min-hold
 // key); so tokens are a per-key counter, exactly previous + 1,
-// across release, expiry, member restart and whole-cluster restart. Deleting
+// across release, expiry, member restart and whole-cluster restart. A
+// key's first grant (no token record) takes the floor + 1 and compares
+// the floor's revision unchanged, so a reaped key continues above every
+// token it had. Deleting
 // these keys by hand (etcdctl del) restarts a key's tokens: never do that;
 // end a lease with a release instead.
 //

@@ -24,8 +24,11 @@ import (
 type seenRecord struct {
 	rev   int64 // the token record's mod revision; 0: no record
 	token int64
-	held  bool
-	lease clientv3.LeaseID // the etcd lease of the holder with token; 0: not known
+	// shared: the token record at rev was written by a reader's grant
+	// (it has no owner), so readers may hold the key (see shared.go).
+	shared bool
+	held   bool
+	lease  clientv3.LeaseID // the etcd lease of the holder with token; 0: not known
 	// deadline is the Deadline this Backend last reported for the lease
 	// of token on etcd lease lease (zero: none): what List reports for it.
 	deadline time.Time
@@ -66,6 +69,11 @@ type tokenRecord struct {
 type releaseRecord struct {
 	Token int64  `json:"token"`
 	By    string `json:"by"`
+	// Lease is the etcd lease the released holder was on, and TTL the
+	// lease's TTL in whole seconds (0: not known): when the released
+	// lease ended, for a reap (see releaseRec).
+	Lease clientv3.LeaseID `json:"lease,omitempty"`
+	TTL   int64            `json:"ttl,omitempty"`
 }
 
 // holdRecord is the value of <prefix>m/K: the grant whose min hold it
@@ -122,7 +130,8 @@ func (s keyState) sqllock() sqllock.KeyState {
 }
 
 func (s keyState) seen() seenRecord {
-	r := seenRecord{rev: s.recRev, token: s.rec.Token, held: s.taken(), holdUnread: s.holdUnread}
+	r := seenRecord{rev: s.recRev, token: s.rec.Token, held: s.taken(), holdUnread: s.holdUnread,
+		shared: s.recRev != 0 && s.rec.Owner == ""}
 	if s.held() {
 		r.lease = clientv3.LeaseID(s.holder.Lease)
 	}

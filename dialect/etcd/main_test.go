@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -43,7 +44,10 @@ func testCtx(t testing.TB) context.Context {
 }
 
 // expire ends key's etcd leases now, as etcd's expiry would: the holder
-// key and the min-hold key go, the token record stays.
+// key and the min-hold key go, the token record stays; and a released
+// grant's lease ends too: its release record no longer names the etcd
+// lease and TTL (which other Backends may reuse as a spare), so a reap
+// takes the lease as ended at its release.
 func expire(t testing.TB, b *Backend, key string) {
 	t.Helper()
 	for _, k := range []string{b.holderKey(key), b.holdKey(key)} {
@@ -53,6 +57,20 @@ func expire(t testing.TB, b *Backend, key string) {
 			continue
 		}
 		_, err = b.cli.Revoke(testCtx(t), clientv3.LeaseID(resp.Kvs[0].Lease))
+		require.NoError(t, err)
+	}
+	resp, err := b.cli.Get(testCtx(t), b.releaseKey(key))
+	require.NoError(t, err)
+	if len(resp.Kvs) == 0 {
+		return
+	}
+	var rel releaseRecord
+	require.NoError(t, json.Unmarshal(resp.Kvs[0].Value, &rel))
+	if rel.Lease != 0 || rel.TTL != 0 {
+		v, err := json.Marshal(releaseRecord{Token: rel.Token, By: rel.By})
+		require.NoError(t, err)
+		_, err = b.cli.Txn(testCtx(t)).If(clientv3.Compare(clientv3.ModRevision(b.releaseKey(key)), "=", resp.Kvs[0].ModRevision)).
+			Then(clientv3.OpPut(b.releaseKey(key), string(v))).Commit()
 		require.NoError(t, err)
 	}
 }
@@ -71,4 +89,14 @@ func setToken(t testing.TB, b *Backend, key string, token int64) {
 		clientv3.OpPut(b.releaseKey(key), string(rel)),
 	).Commit()
 	require.NoError(t, err)
+}
+
+// dropSpare forgets etcd lease id if b keeps it as a spare (a test is
+// about to revoke it).
+func (b *Backend) dropSpare(id clientv3.LeaseID) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for ttl, list := range b.spares {
+		b.spares[ttl] = slices.DeleteFunc(list, func(sp spare) bool { return sp.id == id })
+	}
 }

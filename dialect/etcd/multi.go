@@ -19,6 +19,8 @@ import (
 // record as this Backend last saw it. etcd counts a transaction's
 // compares against --max-txn-ops like its operations, so a set takes at
 // most [Options.MaxTxnOps] / setCompares keys (42 under etcd's default).
+// A key without a token record takes one compare (the record absent) and
+// the set one more (the token floor unchanged: see reap.go).
 const setCompares = 3
 
 // maxSetKeys is the most keys one set may have on b.
@@ -91,10 +93,14 @@ func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 		if err != nil {
 			return nil, err
 		}
-		reads := make([]clientv3.Op, 0, 3*len(keys))
+		reads := make([]clientv3.Op, 0, 3*len(keys)+1)
 		for _, k := range keys {
-			reads = append(reads, clientv3.OpGet(b.tokenKey(k)), clientv3.OpGet(b.holderKey(k)), clientv3.OpGet(b.holdKey(k)))
+			// The min-hold key's range holds K's readers' presence keys
+			// too (see shared.go): either makes the key taken.
+			reads = append(reads, clientv3.OpGet(b.tokenKey(k)), clientv3.OpGet(b.holderKey(k)),
+				clientv3.OpGet(b.holdKey(k), clientv3.WithRange(b.holdKey(k)+"\x01"), clientv3.WithLimit(1)))
 		}
+		reads = append(reads, clientv3.OpGet(b.floorKey()))
 		resp, err := b.cli.Txn(ctx).If(cmps...).Then(puts...).Else(reads...).Commit()
 		if err != nil {
 			// Neither etcd lease is kept as a spare: a key may be on it.
@@ -103,7 +109,11 @@ func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 		if resp.Succeeded {
 			return b.setGranted(req, keys, states, sps, tokens, resp.Header.Revision, settle())
 		}
-		states, err = b.setStates(keys, resp.Responses)
+		rs := resp.Responses
+		_, err = b.noteFloor(rs[len(rs)-1].GetResponseRange().GetKvs())
+		if err == nil {
+			states, err = b.setStates(keys, rs[:len(rs)-1])
+		}
 		if err != nil {
 			settle()
 			giveBack()
@@ -118,7 +128,7 @@ func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 				settle()
 				giveBack()
 				return nil, b.refusal(ctx, keys[i], s)
-			case s.rec.Token == math.MaxInt64:
+			case s.rec.Token == math.MaxInt64, s.recRev == 0 && b.floorSeen().value == math.MaxInt64:
 				settle()
 				giveBack()
 				return nil, fmt.Errorf("%w: key %q", sqllock.ErrTokenExhausted, keys[i])
@@ -137,10 +147,15 @@ func (b *Backend) setTxn(req sqllock.MultiAcquireRequest, keys []string, states 
 	cmps := make([]clientv3.Cmp, 0, setCompares*len(keys))
 	puts := make([]clientv3.Op, 0, 2*len(keys))
 	tokens := make([]int64, len(keys))
+	// A key's first grant (no token record) starts above the floor; the
+	// set compares the floor unchanged then (see reap.go).
+	floor, firsts := b.floorSeen(), false
 	for i, k := range keys {
 		var rev, token int64
+		var shared bool // the record read was a reader's: compare K free of readers
 		if states != nil {
 			rev, token = states[i].recRev, states[i].rec.Token
+			shared = states[i].seen().shared
 			if s := states[i]; s.held() && s.rec.Owner == req.Owner {
 				// Held by this very request: the same token, the holder
 				// onto the new etcd lease, iff it still holds.
@@ -153,7 +168,10 @@ func (b *Backend) setTxn(req sqllock.MultiAcquireRequest, keys []string, states 
 			}
 		} else {
 			r := b.recall(k)
-			rev, token = r.rev, r.token
+			rev, token, shared = r.rev, r.token, r.shared
+		}
+		if rev == 0 {
+			token, firsts = max(token, floor.value), true
 		}
 		if token == math.MaxInt64 {
 			// No token to give: a compare that fails makes the attempt a
@@ -166,13 +184,25 @@ func (b *Backend) setTxn(req sqllock.MultiAcquireRequest, keys []string, states 
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		cmps = append(cmps,
-			clientv3.Compare(clientv3.CreateRevision(b.holderKey(k)), "=", 0),
-			clientv3.Compare(clientv3.CreateRevision(b.holdKey(k)), "=", 0),
-			clientv3.Compare(clientv3.ModRevision(b.tokenKey(k)), "=", rev))
+		if rev == 0 {
+			// No token record: no holder and no min-hold key either
+			// (a grant writes them with the record, and a reap deletes
+			// the record only without them), so the record's absence
+			// is the one compare, and the set's floor compare the
+			// other; a set of n keys stays within 3n compares.
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(b.tokenKey(k)), "=", 0))
+		} else {
+			cmps = append(cmps,
+				clientv3.Compare(clientv3.CreateRevision(b.holderKey(k)), "=", 0),
+				b.noHold(k, shared),
+				clientv3.Compare(clientv3.ModRevision(b.tokenKey(k)), "=", rev))
+		}
 		puts = append(puts,
 			clientv3.OpPut(b.tokenKey(k), string(rec)),
 			clientv3.OpPut(b.holderKey(k), tokenString(token+1), clientv3.WithLease(sps[i].id)))
+	}
+	if firsts {
+		cmps = append(cmps, b.firstGrantCmp(floor))
 	}
 	return cmps, puts, tokens, nil
 }

@@ -58,7 +58,7 @@ func (b *Backend) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, 
 		flat = flat[n:]
 		ops := make([]clientv3.Op, len(chunk))
 		for k, i := range chunk {
-			rel, err := json.Marshal(releaseRecord{Token: ls[i].Token, By: ls[i].Owner})
+			rel, err := json.Marshal(releaseRec(ls[i], seen[i]))
 			if err != nil {
 				return nil, err
 			}

@@ -42,7 +42,7 @@ func (b *Backend) regrant(ctx context.Context, lease sqllock.Lease, s keyState, 
 		clientv3.Compare(clientv3.Value(b.holderKey(lease.Key)), "=", token),
 		clientv3.Compare(clientv3.ModRevision(b.tokenKey(lease.Key)), "=", s.recRev),
 	).Then(
-		clientv3.OpPut(b.holderKey(lease.Key), token, clientv3.WithLease(sp.id)),
+		b.withPresence([]clientv3.Op{clientv3.OpPut(b.holderKey(lease.Key), token, clientv3.WithLease(sp.id))}, lease.Key, s.rec.Token, sp.id)...,
 	).Else(b.stateOps(lease.Key)...).Commit()
 	if err != nil {
 		return sqllock.Lease{}, translate(ctx, outcome.Acquire, lease.Key, err)
@@ -99,7 +99,7 @@ func (b *Backend) renewLonger(ctx context.Context, l sqllock.Lease, id clientv3.
 		b.holds(l),
 		clientv3.Compare(clientv3.LeaseValue(b.holderKey(l.Key)), "=", id),
 	).Then(
-		clientv3.OpPut(b.holderKey(l.Key), tokenString(l.Token), clientv3.WithLease(grant.ID)),
+		b.withPresence([]clientv3.Op{clientv3.OpPut(b.holderKey(l.Key), tokenString(l.Token), clientv3.WithLease(grant.ID))}, l.Key, l.Token, grant.ID)...,
 	).Else(b.readOps(l.Key)...).Commit()
 	if err != nil {
 		// A renew keeps the token: repeating it is safe, so its unknown

@@ -87,7 +87,9 @@ func (w *watches) stop(key string) {
 func (w *watches) run(ctx context.Context, key string, done chan struct{}) {
 	defer close(done)
 	hkey := w.b.holderKey(key)
-	_, end := permitRange(w.b.holderKey, key)
+	// From K's holder through its permits' and its reader slots'
+	// ('.' follows '-'): a release of any of them wakes K's waiters.
+	end := w.b.holderKey(key + "#shared.")
 	for ctx.Err() == nil {
 		wch := w.b.cli.Watch(clientv3.WithRequireLeader(ctx), hkey, clientv3.WithRange(end),
 			clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
@@ -105,8 +107,8 @@ func (w *watches) run(ctx context.Context, key string, done chan struct{}) {
 	}
 }
 
-// ours reports whether one of evs is the deletion of key's holder or of
-// the holder of a permit of semaphore key.
+// ours reports whether one of evs is the deletion of key's holder, of
+// the holder of a permit of semaphore key, or of a reader slot of key's.
 func (w *watches) ours(key string, evs []*clientv3.Event) bool {
 	for _, ev := range evs {
 		k := strings.TrimPrefix(string(ev.Kv.Key), w.b.holderKey(""))
@@ -115,6 +117,9 @@ func (w *watches) ours(key string, evs []*clientv3.Event) bool {
 		}
 		if sem, _, ok := sqllock.ParsePermitKey(k); ok && sem == key {
 			return true
+		}
+		if k2, _, ok := sqllock.ParseSharedKey(k); ok && k2 == key {
+			return true // a reader of key left
 		}
 	}
 	return false

@@ -40,6 +40,13 @@ type Harness struct {
 	// for a backend that keeps a hold to the millisecond.
 	MinHoldRoundUp time.Duration
 
+	// MarkRoundUp is how much longer than its TTL the backend may keep a
+	// short waiting writer's mark (etcd: the whole seconds and minimum
+	// TTL of the mark's etcd lease); the rule that a mark ends by itself
+	// waits that much longer. Zero for a backend that keeps it to the
+	// millisecond.
+	MarkRoundUp time.Duration
+
 	// Shared says the backend grants shared requests
 	// (sqllock.AcquireRequest.Shared): Run then checks the rules of shared
 	// locks; otherwise that it refuses a shared request before any I/O

@@ -342,7 +342,7 @@ func testSharedMarkExpires(t *testing.T, h Harness, b sqllock.Backend) {
 	if err == nil {
 		t.Skip("the machine is too slow to see the mark before its deadline")
 	}
-	time.Sleep(time.Until(marked.Add(d + 20*time.Millisecond))) // the writer crashed: its mark ends by itself
+	time.Sleep(time.Until(marked.Add(d + 20*time.Millisecond + h.MarkRoundUp))) // the writer crashed: its mark ends by itself
 	acquireShared(t, b, "k", "r2")
 	if i, _ := info(t, b, "k"); i.WaitingWriter != "" || i.Shared != 2 {
 		t.Fatalf("after the mark's deadline: %+v, want 2 readers and no mark", i)
