@@ -288,13 +288,16 @@ func TestMultiFindsRowsByIndex(t *testing.T) {
 
 // TestSetStatementsFindRowsByIndex: the statements of a set (its
 // acquire, and the release of a set or of the group commit's batch of
-// single releases) find their rows through the key's index in the plan
+// single releases) and a permit's acquire (which reads its semaphore's
+// N permit rows) find their rows through the key's index in the plan
 // the server keeps for them (the generic plan of a prepared statement,
 // made once per connection), also where that plan was made on a young
 // table (no statistics yet, a few rows): a plan made there that joins
 // the table with the key list, or filters it by key = ANY (array), is a
 // scan of the whole table, which stays, at every size, until the next
 // ANALYZE (2 ms a set at 7,000 keys, docs/multi-key.md#what-it-costs).
+// The single acquire is the control: it scans too in a plan made on a
+// table of a few hundred keys (a page or two), not on the states here.
 func TestSetStatementsFindRowsByIndex(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -304,6 +307,7 @@ func TestSetStatementsFindRowsByIndex(t *testing.T) {
 		{"acquire_all", `'["k7","k14","k21","new"]', 60000000, 'w', NULL`, func(b *Backend) string { return b.full.acquireAll }},
 		{"release_batch", `ARRAY['k7','k14','k21','new'], ARRAY[1,1,1,1]::bigint[], ARRAY['fill','fill','fill','w']`, func(b *Backend) string { return b.full.releaseBatch }},
 		{"acquire", `'k7', 60000000, 'w', NULL, 0`, func(b *Backend) string { return b.full.acquire }},
+		{"permit_acquire", `'k', 60000000, 'w', NULL, 4`, func(b *Backend) string { return b.permit.acquire }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
