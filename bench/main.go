@@ -212,6 +212,16 @@ func run(ctx context.Context, cfg *config) (err error) {
 			return err
 		}
 		rep.addMatrix(m, multiKeyRatios)
+		sm, stop, err := multiKeySQLite(ctx, cfg, tmp)
+		if err != nil {
+			return fmt.Errorf("multikey: %w", err)
+		}
+		err = sm.run(ctx, logf)
+		stop()
+		if err != nil {
+			return err
+		}
+		rep.addMatrix(sm, multiKeyRatios)
 	}
 	if cfg.want("sqlite") {
 		m, stats, err := sqliteMatrix(ctx, cfg, tmp)

@@ -469,9 +469,7 @@ func (r *Report) markdown() string {
 			w("\n")
 		}
 	}
-	if gs := r.concs("multikey"); len(gs) > 0 {
-		r.multiKeyMarkdown(w, gs)
-	}
+	r.multiKeyMarkdown(w)
 	if gs := r.concs("sqlite"); len(gs) > 0 {
 		w("\n## SQLite: acquire + release pairs/s\n\n| contender | %s | p50 at 1 (ms) |\n|---|%s--:|\n", cols(gs, "", false), strings.Repeat("--:|", len(gs)))
 		for _, c := range []string{"raw-FULL", "ashlock-FULL", "raw-NORMAL", "ashlock-NORMAL", "flock"} {

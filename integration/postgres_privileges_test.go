@@ -196,6 +196,21 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 	require.LessOrEqual(t, woke, wakeBound, "the waiter woke %v after the release: by polling, not by the notification?", woke)
 	require.NoError(t, r.g.Release(ctx))
 
+	// A set of keys and its release in one statement, and a permit: the
+	// grant and the release of locked rows are INSERT ... ON CONFLICT DO
+	// UPDATE statements, which need INSERT and UPDATE (both granted).
+	ls, err := beA.TryAcquireAll(ctx, sqllock.MultiAcquireRequest{Keys: []string{"s2", "s1", "k"}, TTL: time.Minute, Owner: "priv-set"})
+	require.NoError(t, err)
+	require.Len(t, ls, 3)
+	ls, err = beA.TryAcquireAll(ctx, sqllock.MultiAcquireRequest{Keys: []string{"s2", "s1", "k"}, TTL: time.Minute, Owner: "priv-set"})
+	require.NoError(t, err, "the same owner's repeat updates the rows it holds")
+	answers, err := beA.ReleaseAll(ctx, ls)
+	require.NoError(t, err)
+	require.NoError(t, errors.Join(answers...))
+	pl, err := beA.TryAcquirePermit(ctx, sqllock.PermitRequest{AcquireRequest: sqllock.AcquireRequest{Key: "sem", TTL: time.Minute, Owner: "priv-permit"}, Permits: 2})
+	require.NoError(t, err)
+	require.NoError(t, beA.Release(ctx, pl))
+
 	// Migrations need more than the runtime: as the role, Up fails both on
 	// a fresh schema (no CREATE on the database) and in the schema it may
 	// use (no CREATE there either), and leaves nothing behind. (goose tries
@@ -219,7 +234,7 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_namespace WHERE nspname = $1", fresh).Scan(&schemas))
 	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename LIKE 'other_locks%'", db.Schema).Scan(&tables))
 	require.Zero(t, schemas+tables, "a failed Up created something")
-	t.Logf("role %s (SELECT, INSERT, UPDATE on %s): acquire, held, renew, list, fenced tx, release, watch wake-up in %v: ok; migrations refused",
+	t.Logf("role %s (SELECT, INSERT, UPDATE on %s): acquire, held, renew, list, fenced tx, release, watch wake-up in %v, set and permit: ok; migrations refused",
 		role, tableID, woke.Round(time.Millisecond))
 }
 

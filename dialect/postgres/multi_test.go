@@ -283,11 +283,76 @@ func TestMultiFindsRowsByIndex(t *testing.T) {
 	require.NoError(t, err)
 	var plan []map[string]any
 	require.NoError(t, b.pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+b.full.acquireAll, `["k1","k20","k300","new"]`, int64(60_000_000), "w", nil).Scan(&plan))
+	require.Empty(t, tableScans(t, plan), "the statement scans the lock table")
+}
+
+// TestSetStatementsFindRowsByIndex: the statements of a set (its
+// acquire, and the release of a set or of the group commit's batch of
+// single releases) and a permit's acquire (which reads its semaphore's
+// N permit rows) find their rows through the key's index in the plan
+// the server keeps for them (the generic plan of a prepared statement,
+// made once per connection), also where that plan was made on a young
+// table (no statistics yet, a few rows): a plan made there that joins
+// the table with the key list, or filters it by key = ANY (array), is a
+// scan of the whole table, which stays, at every size, until the next
+// ANALYZE (2 ms a set at 7,000 keys, docs/multi-key.md#what-it-costs).
+// The single acquire is the control: it scans too in a plan made on a
+// table of a few hundred keys (a page or two), not on the states here.
+func TestSetStatementsFindRowsByIndex(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, args string
+		statement  func(b *Backend) string
+	}{
+		{"acquire_all", `'["k7","k14","k21","new"]', 60000000, 'w', NULL`, func(b *Backend) string { return b.full.acquireAll }},
+		{"release_batch", `ARRAY['k7','k14','k21','new'], ARRAY[1,1,1,1]::bigint[], ARRAY['fill','fill','fill','w']`, func(b *Backend) string { return b.full.releaseBatch }},
+		{"acquire", `'k7', 60000000, 'w', NULL, 0`, func(b *Backend) string { return b.full.acquire }},
+		{"permit_acquire", `'k', 60000000, 'w', NULL, 4`, func(b *Backend) string { return b.permit.acquire }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			bundle := newBundle(t, Options{})
+			b := bundle.backend
+			ctx := testCtx(t)
+			c, err := bundle.db.Pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer c.Release()
+			defer func() { _, _ = c.Exec(context.WithoutCancel(ctx), "DISCARD ALL") }()
+			_, err = c.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+			require.NoError(t, err)
+			_, err = c.Exec(ctx, "PREPARE set_stmt AS "+tc.statement(b))
+			require.NoError(t, err)
+			explain := func() []string {
+				var plan []map[string]any
+				require.NoError(t, c.QueryRow(ctx, "EXPLAIN (FORMAT JSON) EXECUTE set_stmt("+tc.args+")").Scan(&plan))
+				return tableScans(t, plan)
+			}
+			// The plan made on the table as the first statement finds it
+			// (empty, never analyzed), kept as keys come; and the plans
+			// made after an ANALYZE of a small table, kept as it grows.
+			require.Empty(t, explain(), "the generic plan made on an empty table scans the lock table")
+			have := 0
+			for _, n := range []int{1000, 5000} {
+				_, err = bundle.db.Pool.Exec(ctx, "INSERT INTO "+b.table+" (key, token, held, deadline, owner) SELECT 'k' || g, 1, g % 7 = 0, clock_timestamp(), 'fill' FROM generate_series($1::int, $2::int) AS g", have+1, n)
+				require.NoError(t, err)
+				have = n
+				require.Empty(t, explain(), "the generic plan made before %d keys came scans the lock table", n)
+				_, err = bundle.db.Pool.Exec(ctx, "ANALYZE "+b.table)
+				require.NoError(t, err)
+				require.Empty(t, explain(), "the generic plan made on %d analyzed keys scans the lock table", n)
+			}
+		})
+	}
+}
+
+// tableScans is the tables that an EXPLAIN (FORMAT JSON) plan reads by a
+// sequential scan, but for the token floor: a sequence (one row, read
+// for a first row's token), not the lock table.
+func tableScans(t *testing.T, plan []map[string]any) []string {
+	t.Helper()
 	var scans []string
 	var walk func(node map[string]any)
 	walk = func(node map[string]any) {
-		// The token floor is a sequence (one row, read for a first row's
-		// token), not the lock table.
 		if node["Node Type"] == "Seq Scan" && !strings.HasSuffix(fmt.Sprint(node["Relation Name"]), "_floor") {
 			scans = append(scans, fmt.Sprint(node["Relation Name"]))
 		}
@@ -298,7 +363,7 @@ func TestMultiFindsRowsByIndex(t *testing.T) {
 	}
 	require.Len(t, plan, 1)
 	walk(plan[0]["Plan"].(map[string]any))
-	require.Empty(t, scans, "the statement scans the lock table")
+	return scans
 }
 
 // ReleaseAll does not stall on a row another transaction locks (as

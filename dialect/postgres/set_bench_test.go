@@ -27,7 +27,7 @@ import (
 // pairs; target 1.5 for a set of 4). Run: SQLLOCK_REQUIRE_POSTGRES=1 go
 // test -run '^$' -bench BenchmarkSetPair ./dialect/postgres
 func BenchmarkSetPair(b *testing.B) {
-	for _, g := range []int{1, 16} {
+	for _, g := range []int{1, 4, 16} {
 		b.Run(fmt.Sprintf("goroutines=%d", g), func(b *testing.B) {
 			bundle := newBundle(b, Options{})
 			pool := newPool(b, bundle, func(cfg *pgxpool.Config) { cfg.MaxConns = 64 })

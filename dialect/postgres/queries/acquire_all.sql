@@ -9,10 +9,17 @@ on its newest version, are they updated and the fresh keys inserted, in key
 order. A fresh key inserted meanwhile by another transaction fails the
 statement with a unique violation (23505): rolled back whole. A refusal
 seen in the snapshot locks no row and writes nothing
-(docs/multi-key.md#postgresql). The rows are found by key = ANY of an
-array, an index scan (a join with the key list would scan the table: the
-planner takes the JSON array for 100 rows). Sent only on a table at
-version 5.
+(docs/multi-key.md#postgresql). Each row is found, and locked, by its own
+key (a LATERAL lookup that OFFSET 0 or its lock keeps from becoming a
+join), and the grant of the locked rows is an INSERT ... ON CONFLICT DO
+UPDATE, which finds each row by the key's index: no step can be planned
+as a scan of the table, also in the generic plan a connection keeps for
+the statement, made once on the table as it then was (a join with the key
+list, or key = ANY (array), is planned as a scan on a young or small
+table, and stays one as it grows). The insert half of upd never happens
+(each row of lk exists and is locked by this statement; were it to, token
+1 is refused by the floor trigger). excluded.deadline is now. Sent only on
+a table at version 5.
 */ -}}
 WITH now AS MATERIALIZED (
     SELECT statement_timestamp() AS now
@@ -22,36 +29,43 @@ WITH now AS MATERIALIZED (
     SELECT l.key, l.token, l.held, l.deadline, l.owner, l.value, l.hold_until,
            (l.held AND l.deadline > n.now AND l.owner = $3)
            OR (((NOT l.held AND coalesce(l.hold_until <= n.now, true)) OR l.deadline <= n.now) AND l.token < 9223372036854775807) AS grantable
-    FROM {{.Table}} AS l
+    FROM req AS r
     CROSS JOIN now AS n
-    WHERE l.key = ANY (ARRAY(SELECT r.key FROM req AS r))
+    CROSS JOIN LATERAL (
+        SELECT c.* FROM {{.Table}} AS c WHERE c.key = r.key OFFSET 0
+    ) AS l
 ), verdict AS MATERIALIZED (
     SELECT NOT EXISTS (SELECT FROM seen AS s WHERE NOT s.grantable) AS ok
 ), lk AS MATERIALIZED (
     SELECT l.key
-    FROM {{.Table}} AS l
+    FROM (SELECT s.key FROM seen AS s ORDER BY s.key) AS s
     CROSS JOIN now AS n
-    WHERE (SELECT v.ok FROM verdict AS v)
-      AND l.key = ANY (ARRAY(SELECT s.key FROM seen AS s))
-      AND ((l.held AND l.deadline > n.now AND l.owner = $3)
-           OR (((NOT l.held AND coalesce(l.hold_until <= n.now, true)) OR l.deadline <= n.now) AND l.token < 9223372036854775807))
-    ORDER BY l.key
-    FOR NO KEY UPDATE OF l SKIP LOCKED
+    CROSS JOIN LATERAL (
+        SELECT c.key FROM {{.Table}} AS c
+        WHERE (SELECT v.ok FROM verdict AS v)
+          AND c.key = s.key
+          AND ((c.held AND c.deadline > n.now AND c.owner = $3)
+               OR (((NOT c.held AND coalesce(c.hold_until <= n.now, true)) OR c.deadline <= n.now) AND c.token < 9223372036854775807))
+        FOR NO KEY UPDATE OF c SKIP LOCKED
+    ) AS l
 ), decided AS MATERIALIZED (
     SELECT (SELECT v.ok FROM verdict AS v) AND (SELECT count(*) FROM lk) = (SELECT count(*) FROM seen) AS ok
 ), upd AS (
-    UPDATE {{.Table}} AS l
-    SET token = CASE WHEN l.held AND l.deadline > n.now THEN l.token ELSE l.token + 1 END,
+    INSERT INTO {{.Table}} AS l (key, token, held, deadline, owner, value, hold_until)
+    SELECT k.key, 1, true, n.now, $3, $4::bytea, NULL
+    FROM lk AS k CROSS JOIN now AS n
+    WHERE (SELECT d.ok FROM decided AS d)
+    ORDER BY k.key
+    ON CONFLICT (key) DO UPDATE
+    SET token = CASE WHEN l.held AND l.deadline > excluded.deadline THEN l.token ELSE l.token + 1 END,
         held = true,
-        deadline = CASE WHEN l.held AND l.deadline > n.now
-                        THEN greatest(l.deadline, n.now + $2::bigint * interval '1 microsecond')
-                        ELSE n.now + $2::bigint * interval '1 microsecond' END,
+        deadline = CASE WHEN l.held AND l.deadline > excluded.deadline
+                        THEN greatest(l.deadline, excluded.deadline + $2::bigint * interval '1 microsecond')
+                        ELSE excluded.deadline + $2::bigint * interval '1 microsecond' END,
         owner = $3,
-        waited = l.waited AND l.held AND l.deadline > n.now,
+        waited = l.waited AND l.held AND l.deadline > excluded.deadline,
         value = $4::bytea,
-        hold_until = CASE WHEN l.held AND l.deadline > n.now THEN l.hold_until END
-    FROM now AS n
-    WHERE l.key = ANY (ARRAY(SELECT k.key FROM lk AS k)) AND (SELECT d.ok FROM decided AS d)
+        hold_until = CASE WHEN l.held AND l.deadline > excluded.deadline THEN l.hold_until END
     RETURNING l.key, l.token, l.deadline, {{template "durable"}} AS durable
 ), ins AS (
     INSERT INTO {{.Table}} AS l (key, token, held, deadline, owner, value, hold_until)

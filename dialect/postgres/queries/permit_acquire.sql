@@ -8,21 +8,42 @@ semaphore creates its limit row and its permits (permit 1 granted) once the
 limit row is in. A refusal locks no row and writes nothing (with .Notify,
 the waiting form, it marks the holders' leases so that their release
 notifies); its row carries the limit and the holders, as JSON, from the
-same snapshot (docs/semaphores.md).
+same snapshot (docs/semaphores.md). The N permit rows are read one key at
+a time (seen: a LATERAL lookup per permit number that OFFSET 0 keeps from
+becoming a join; the count through a subquery, so that no plan is sized
+by $5 and the prepared statement keeps its one generic plan instead of
+planning every call, about 1 ms), and pick locks only the first of the candidates, in
+order, that it can lock (a LATERAL lock under LIMIT 1, tried candidate by
+candidate), so that the plan a connection keeps for the statement reads
+the key's index whatever the table was like when that plan was made.
 */ -}}
 WITH lim AS (
     SELECT token FROM {{.Table}} WHERE key = $1 || '#permits'
 ), keys AS (
     SELECT ARRAY(SELECT $1 || '#permit-' || i FROM generate_series(1, $5::int) AS i) AS a
-), pick AS (
-    SELECT c.key FROM {{.Table}} AS c
-    WHERE c.key = ANY ((SELECT a FROM keys)::text[])
-      AND EXISTS (SELECT FROM lim WHERE lim.token = $5)
+), seen AS (
+    SELECT c.*
+    FROM generate_series(1, (SELECT $5::int)) AS g(i)
+    CROSS JOIN LATERAL (
+        SELECT p.* FROM {{.Table}} AS p WHERE p.key = $1 || '#permit-' || g.i OFFSET 0
+    ) AS c
+), cand AS (
+    SELECT c.key, c.held AND c.deadline > statement_timestamp() AND c.owner = $3 AS mine
+    FROM seen AS c
+    WHERE EXISTS (SELECT FROM lim WHERE lim.token = $5)
       AND ((c.held AND c.deadline > statement_timestamp() AND c.owner = $3)
            OR ((NOT c.held OR c.deadline <= statement_timestamp()) AND c.token < 9223372036854775807))
-    ORDER BY c.held AND c.deadline > statement_timestamp() AND c.owner = $3 DESC, length(c.key), c.key
+), pick AS (
+    SELECT c.key
+    FROM (SELECT k.key FROM cand AS k ORDER BY k.mine DESC, length(k.key), k.key) AS k
+    CROSS JOIN LATERAL (
+        SELECT c.key FROM {{.Table}} AS c
+        WHERE c.key = k.key
+          AND ((c.held AND c.deadline > statement_timestamp() AND c.owner = $3)
+               OR ((NOT c.held OR c.deadline <= statement_timestamp()) AND c.token < 9223372036854775807))
+        FOR NO KEY UPDATE OF c SKIP LOCKED
+    ) AS c
     LIMIT 1
-    FOR NO KEY UPDATE OF c SKIP LOCKED
 ), upd AS (
     UPDATE {{.Table}} AS l
     SET token = CASE WHEN l.held AND l.deadline > statement_timestamp() AND l.owner = $3 THEN l.token ELSE l.token + 1 END,
@@ -72,17 +93,14 @@ SELECT coalesce(u.key, i.key, '') AS key,
        -- What a refusal reports, read only for one (CASE evaluates its
        -- subqueries on demand): a grant reads no other permit.
        CASE WHEN u.key IS NULL AND i.key IS NULL THEN
-           (SELECT count(*) FROM {{.Table}} AS f WHERE f.key = ANY ((SELECT a FROM keys)::text[])
-            AND (NOT f.held OR f.deadline <= statement_timestamp()) AND f.token < 9223372036854775807) ELSE 0 END AS free,
+           (SELECT count(*) FROM seen AS f WHERE (NOT f.held OR f.deadline <= statement_timestamp()) AND f.token < 9223372036854775807) ELSE 0 END AS free,
        CASE WHEN u.key IS NULL AND i.key IS NULL THEN
-           (SELECT count(*) FROM {{.Table}} AS f WHERE f.key = ANY ((SELECT a FROM keys)::text[])
-            AND (NOT f.held OR f.deadline <= statement_timestamp()) AND f.token = 9223372036854775807) ELSE 0 END AS exhausted,
+           (SELECT count(*) FROM seen AS f WHERE (NOT f.held OR f.deadline <= statement_timestamp()) AND f.token = 9223372036854775807) ELSE 0 END AS exhausted,
        CASE WHEN u.key IS NULL AND i.key IS NULL THEN
            coalesce((SELECT json_agg(json_build_object(
                         'key', h.key, 'owner', h.owner, 'token', h.token, 'value', encode(h.value, 'base64'),
                         'us', floor(extract(epoch FROM h.deadline - statement_timestamp()) * 1000000)::bigint))
-                     FROM {{.Table}} AS h WHERE h.key = ANY ((SELECT a FROM keys)::text[])
-                       AND h.held AND h.deadline > statement_timestamp()), '[]') ELSE '[]' END::text AS holders
+                     FROM seen AS h WHERE h.held AND h.deadline > statement_timestamp()), '[]') ELSE '[]' END::text AS holders
 FROM (SELECT) AS one
 LEFT JOIN upd AS u ON true
 LEFT JOIN (SELECT * FROM ins WHERE held) AS i ON true

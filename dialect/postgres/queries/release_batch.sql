@@ -2,7 +2,11 @@
 release_batch: release for many leases in one statement and one commit,
 with release's rules per lease at the batch's one "now"; rows locked in key
 order, SKIP LOCKED: a lease whose row is locked comes back unreleased and
-is released again alone. Sent only on a table at version 5
+is released again alone. Each row is found by its own key, as in
+acquire_all.sql: a LATERAL lookup to lock it and to read a lease's row that
+was not released, and the release is an INSERT ... ON CONFLICT DO UPDATE
+whose insert half never happens (excluded.deadline is now), so that no
+plan of it scans the table. Sent only on a table at version 5
 (docs/postgres-statements.md#batches).
 */ -}}
 WITH now AS MATERIALIZED (
@@ -12,18 +16,22 @@ WITH now AS MATERIALIZED (
     FROM unnest((SELECT $1::text[]), (SELECT $2::bigint[]), (SELECT $3::text[])) AS r(key, token, owner)
 ), lk AS MATERIALIZED (
     SELECT l.key, r.token, r.owner
-    FROM {{.Table}} AS l
-    JOIN req AS r ON l.key = r.key AND l.token = r.token
-    WHERE l.held
-    ORDER BY l.key
-    FOR NO KEY UPDATE OF l SKIP LOCKED
+    FROM (SELECT r.key, r.token, r.owner FROM req AS r ORDER BY r.key) AS r
+    CROSS JOIN LATERAL (
+        SELECT c.key FROM {{.Table}} AS c
+        WHERE c.key = r.key AND c.token = r.token AND c.held
+        FOR NO KEY UPDATE OF c SKIP LOCKED
+    ) AS l
 ), upd AS (
-    UPDATE {{.Table}} AS l
-    SET held = false, owner = k.owner,
-        deadline = CASE WHEN l.owner = k.owner AND l.hold_until > n.now AND l.deadline > n.now THEN l.hold_until ELSE l.deadline END,
-        hold_until = CASE WHEN l.owner = k.owner THEN l.hold_until END
-    FROM lk AS k, now AS n
-    WHERE l.key = k.key AND l.token = k.token AND l.held
+    INSERT INTO {{.Table}} AS l (key, token, held, deadline, owner)
+    SELECT k.key, k.token, false, n.now, k.owner
+    FROM lk AS k CROSS JOIN now AS n
+    ORDER BY k.key
+    ON CONFLICT (key) DO UPDATE
+    SET held = false, owner = excluded.owner,
+        deadline = CASE WHEN l.owner = excluded.owner AND l.hold_until > excluded.deadline AND l.deadline > excluded.deadline THEN l.hold_until ELSE l.deadline END,
+        hold_until = CASE WHEN l.owner = excluded.owner THEN l.hold_until END
+    WHERE l.token = excluded.token AND l.held
     RETURNING l.key, l.deadline, l.waited AS waited,
 {{- if .DurableRelease}}
               {{template "durable"}} AS commit
@@ -44,4 +52,9 @@ SELECT r.key, u.key IS NOT NULL AS released, coalesce(u.deadline > n.now, false)
 FROM req AS r
 CROSS JOIN now AS n
 LEFT JOIN upd AS u ON u.key = r.key
-LEFT JOIN {{.Table}} AS c ON c.key = r.key AND u.key IS NULL
+LEFT JOIN LATERAL (
+    SELECT c.token, c.held, c.deadline, c.owner
+    FROM {{.Table}} AS c
+    WHERE c.key = r.key AND u.key IS NULL
+    OFFSET 0
+) AS c ON true
