@@ -1,0 +1,138 @@
+package postgres
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// The races of shared locks that no timing makes happen on its own, each
+// held open at its dangerous point by a test-only trigger that waits on
+// an advisory lock the test holds.
+
+// stallSlotInserts makes the shared acquire of owner "stalled" wait, once
+// it has locked (and written) K's row, on advisory lock 4343, which the
+// returned transaction holds until the test commits it.
+func stallSlotInserts(t *testing.T, b *Backend) (release func()) {
+	t.Helper()
+	admin := adminPool(b)
+	_, err := admin.Exec(testCtx(t), `CREATE FUNCTION stall_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock(4343); RETURN NEW; END $$;
+		CREATE TRIGGER stall_slot BEFORE INSERT ON `+b.table+` FOR EACH ROW WHEN (NEW.owner = 'stalled') EXECUTE FUNCTION stall_slot()`)
+	require.NoError(t, err)
+	hold, err := admin.Begin(testCtx(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { hold.Rollback(context.Background()) })
+	_, err = hold.Exec(testCtx(t), `SELECT pg_advisory_xact_lock(4343)`)
+	require.NoError(t, err)
+	return func() { require.NoError(t, hold.Commit(testCtx(t))) }
+}
+
+// waitLockWaiters waits until n sessions other than the test's wait on a
+// lock while running a statement that contains marker.
+func waitStmtWaiters(t *testing.T, b *Backend, marker string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var got int
+		require.NoError(t, adminPool(b).QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND strpos(query, $1) > 0`, marker).Scan(&got))
+		if got >= n {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("fewer than %d statements with %q came to wait on a lock", n, marker)
+}
+
+type sharedResult struct {
+	l   sqllock.Lease
+	err error
+}
+
+func goTry(t *testing.T, b *Backend, req sqllock.AcquireRequest) <-chan sharedResult {
+	done := make(chan sharedResult, 1)
+	go func() {
+		l, err := b.TryAcquire(testCtx(t), req)
+		done <- sharedResult{l, err}
+	}()
+	return done
+}
+
+// Two readers take a slot of one key that a third reads at once: the
+// first ("stalled") has locked K's row and waits before its slot's
+// insert; the second's snapshot sees slot 2 free, as the first's did, and
+// it waits for K's row. Once the first commits, the second must not take
+// slot 2 too, nor count a reader it did not grant: K's row moved to the
+// first's token, so the second reads again and takes slot 3.
+func TestSharedReadersRaceForOneSlot(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	r0, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "r0", Shared: true})
+	require.NoError(t, err)
+	go1 := stallSlotInserts(t, b)
+	first := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "stalled", Shared: true})
+	waitStmtWaiters(t, b, "pick AS MATERIALIZED", 1)
+	second := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "second", Shared: true})
+	waitStmtWaiters(t, b, "pick AS MATERIALIZED", 2)
+	go1()
+	r1, r2 := <-first, <-second
+	require.NoError(t, r1.err)
+	require.NoError(t, r2.err)
+	require.NotEqual(t, r1.l.Key, r2.l.Key, "two readers granted one slot")
+	require.Greater(t, r2.l.Token, r1.l.Token)
+	all, err := b.List(testCtx(t), "k")
+	require.NoError(t, err)
+	require.Equal(t, "k", all[0].Key)
+	require.Equal(t, 3, all[0].Shared, "readers counted on K: %+v", all)
+	for _, r := range []sqllock.Lease{r0, r1.l, r2.l} {
+		require.NoError(t, b.Release(testCtx(t), r))
+	}
+	acquireOK(t, b, "k", "w", time.Minute) // the count reached 0: K is free
+}
+
+// A writer waits for K's row while a first reader, which locked it, is on
+// its way to its slot: the writer's snapshot saw K free, its UPDATE checks
+// K's newest row, held by the reader, and refuses (a raced refusal to try
+// again at once); its next attempt names the reader.
+func TestSharedWriterRacesFirstReader(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	acquireOK(t, b, "k", "w0", time.Minute) // K has a row: the writer's UPDATE meets it
+	require.NoError(t, b.Release(testCtx(t), sqllock.Lease{Key: "k", Token: 1, Owner: "w0"}))
+	go1 := stallSlotInserts(t, b)
+	reader := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "stalled", Shared: true})
+	waitStmtWaiters(t, b, "pick AS MATERIALIZED", 1)
+	writer := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "w"})
+	waitStmtWaiters(t, b, "WITH upd AS (", 1)
+	go1()
+	r, w := <-reader, <-writer
+	require.NoError(t, r.err)
+	require.ErrorIs(t, w.err, sqllock.ErrNotAcquired, "a writer granted beside a reader: %+v", w.l)
+	_, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "w"})
+	var he *sqllock.HeldError
+	require.ErrorAs(t, err, &he)
+	require.Equal(t, 1, he.Shared)
+}
+
+// A reaper never deletes a reader slot, not even one released and
+// expired long ago under a key still read: the slot is its key's.
+func TestReapLeavesReaderSlots(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	_, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "s", TTL: time.Minute, Owner: "r0", Shared: true})
+	require.NoError(t, err)
+	r1, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "s", TTL: time.Minute, Owner: "r1", Shared: true})
+	require.NoError(t, err)
+	require.NoError(t, b.Release(testCtx(t), r1))
+	expire(t, b, r1.Key)
+	_, err = b.Reap(testCtx(t), 0, 100)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, adminPool(b).QueryRow(testCtx(t), "SELECT count(*) FROM "+b.table+" WHERE key = $1", r1.Key).Scan(&n))
+	require.Equal(t, 1, n, "the reaper deleted reader slot %s", r1.Key)
+}
