@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/sqllock"
@@ -135,4 +136,64 @@ func TestReapLeavesReaderSlots(t *testing.T) {
 	var n int
 	require.NoError(t, adminPool(b).QueryRow(testCtx(t), "SELECT count(*) FROM "+b.table+" WHERE key = $1", r1.Key).Scan(&n))
 	require.Equal(t, 1, n, "the reaper deleted reader slot %s", r1.Key)
+}
+
+// A table at 00006 whose lease a Backend of that version holds is
+// upgraded by 00007 (shared locks) while it is held: no row changes, the
+// lease renews through either Backend and is refused to readers and
+// writers. The old Backend (the statements of version 6, as the previous
+// release sent them) refuses a shared request before any I/O, and fails
+// closed beside readers: its acquire sees K's row held (the readers'
+// summary, no owner) and never grants K beside a reader; once they have
+// left, it takes K above their tokens.
+func TestUpgradeToSharedKeepsLeases(t *testing.T) {
+	t.Parallel()
+	db, upgrade := schemaAt(t, 6)
+	old, err := New(db.Pool, Options{})
+	require.NoError(t, err)
+	defer old.Close()
+	ctx := testCtx(t)
+	held := acquireOK(t, old, "held", "old-h", time.Hour)
+	rows := func() [][]any {
+		r, err := db.Pool.Query(ctx, `SELECT key, token, held, deadline, owner, waited, value, hold_until FROM `+old.table+` ORDER BY key`)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(r, func(row pgx.CollectableRow) ([]any, error) { return row.Values() })
+		require.NoError(t, err)
+		return out
+	}
+	before := rows()
+
+	upgrade()
+	require.Equal(t, before, rows(), "the migration changed a lease")
+	b, err := New(db.Pool, Options{})
+	require.NoError(t, err)
+	defer b.Close()
+	_, err = b.TryRenew(ctx, held, time.Hour)
+	require.NoError(t, err, "the lease held across the upgrade renews (new Backend)")
+	_, err = old.TryRenew(ctx, held, time.Hour)
+	require.NoError(t, err, "the lease held across the upgrade renews (old Backend)")
+	_, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "held", TTL: time.Minute, Owner: "r", Shared: true})
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired, "a reader beside the lease held across the upgrade")
+	_, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "held", TTL: time.Minute, Owner: "w"})
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+
+	_, err = old.TryAcquire(ctx, sqllock.AcquireRequest{Key: "doc", TTL: time.Minute, Owner: "old-r", Shared: true})
+	require.ErrorIs(t, err, sqllock.ErrSchemaMissing, "a Backend that read version 6 grants no shared request")
+	var readers []sqllock.Lease
+	for _, o := range []string{"r1", "r2"} {
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "doc", TTL: time.Minute, Owner: o, Shared: true})
+		require.NoError(t, err)
+		readers = append(readers, l)
+	}
+	for range 3 {
+		_, err := old.TryAcquire(ctx, sqllock.AcquireRequest{Key: "doc", TTL: time.Minute, Owner: "old-w"})
+		require.ErrorIs(t, err, sqllock.ErrNotAcquired, "the old acquire beside readers: fails closed")
+	}
+	require.NoError(t, b.Release(ctx, readers[0]))
+	_, err = old.TryAcquire(ctx, sqllock.AcquireRequest{Key: "doc", TTL: time.Minute, Owner: "old-w"})
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired, "the old acquire beside the last reader")
+	require.NoError(t, b.Release(ctx, readers[1]))
+	w := acquireOK(t, old, "doc", "old-w", time.Minute)
+	require.Greater(t, w.Token, readers[1].Token, "the old Backend's grant after the readers: above their tokens")
+	require.NoError(t, old.Release(ctx, held))
 }
