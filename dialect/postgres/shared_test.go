@@ -197,3 +197,53 @@ func TestUpgradeToSharedKeepsLeases(t *testing.T) {
 	require.Greater(t, w.Token, readers[1].Token, "the old Backend's grant after the readers: above their tokens")
 	require.NoError(t, old.Release(ctx, held))
 }
+
+// A refused shared request writes nothing: no transaction id, no WAL,
+// whether a writer holds the key, a waiting writer's mark keeps readers
+// out, or every slot is taken; and it takes no row lock, so it never
+// waits for one: it is refused at once while another transaction holds
+// K's row locked (a fenced transaction's FOR SHARE, here FOR UPDATE).
+func TestRefusedSharedWritesNothing(t *testing.T) {
+	t.Parallel()
+	bundle := newBundle(t, Options{})
+	b := bundle.backend
+	ctx := testCtx(t)
+	st, err := b.statements(ctx, "acquire", "w")
+	require.NoError(t, err)
+	acquireOK(t, b, "w", "writer", time.Hour)
+	_, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "m", TTL: time.Hour, Owner: "r0", Shared: true})
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "m", TTL: time.Hour, Owner: "mw", Mark: true})
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+	for _, key := range []string{"w", "m"} {
+		args := []any{key, int64(60_000_000), "r", nil}
+		tx, err := bundle.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { tx.Rollback(context.Background()) })
+		var granted bool
+		var skip [15]any
+		dest := []any{&granted}
+		for i := range skip {
+			dest = append(dest, &skip[i])
+		}
+		require.NoError(t, tx.QueryRow(ctx, st.sharedAcquire, args...).Scan(dest...))
+		require.False(t, granted, "%s: granted", key)
+		var xid *int64
+		require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id_if_assigned()::text::bigint").Scan(&xid))
+		require.Nil(t, xid, "%s: a refused shared acquire assigned a transaction id", key)
+		require.NoError(t, tx.Rollback(ctx))
+		records, bytes := planWAL(t, b, st.sharedAcquire, args...)
+		require.Zero(t, records, "%s: a refused shared acquire wrote WAL (%d bytes)", key, bytes)
+
+		lock, err := bundle.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { lock.Rollback(context.Background()) })
+		_, err = lock.Exec(ctx, "SELECT FROM "+b.table+" WHERE key = $1 FOR UPDATE", key)
+		require.NoError(t, err)
+		short, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = b.TryAcquire(short, sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: "r", Shared: true})
+		cancel()
+		require.ErrorIs(t, err, sqllock.ErrNotAcquired, "%s: a refused shared acquire waited on a locked row", key)
+		require.NoError(t, lock.Rollback(ctx))
+	}
+}
