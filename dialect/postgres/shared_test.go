@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -16,38 +17,57 @@ import (
 // an advisory lock the test holds.
 
 // stallSlotInserts makes the shared acquire of owner "stalled" wait, once
-// it has locked (and written) K's row, on advisory lock 4343, which the
-// returned transaction holds until the test commits it.
-func stallSlotInserts(t *testing.T, b *Backend) (release func()) {
+// it has locked (and written) K's row, on advisory lock key (one per test:
+// the tests' schemas share a database, and so its advisory locks), which
+// the test holds until it calls the returned function.
+func stallSlotInserts(t *testing.T, b *Backend, key int64) (release func()) {
 	t.Helper()
 	admin := adminPool(b)
-	_, err := admin.Exec(testCtx(t), `CREATE FUNCTION stall_slot() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_advisory_xact_lock(4343); RETURN NEW; END $$;
-		CREATE TRIGGER stall_slot BEFORE INSERT ON `+b.table+` FOR EACH ROW WHEN (NEW.owner = 'stalled') EXECUTE FUNCTION stall_slot()`)
+	_, err := admin.Exec(testCtx(t), fmt.Sprintf(`CREATE FUNCTION stall_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock(%d); RETURN NEW; END $$;
+		CREATE TRIGGER stall_slot BEFORE INSERT ON `+b.table+` FOR EACH ROW WHEN (NEW.owner = 'stalled') EXECUTE FUNCTION stall_slot()`, key))
 	require.NoError(t, err)
 	hold, err := admin.Begin(testCtx(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { hold.Rollback(context.Background()) })
-	_, err = hold.Exec(testCtx(t), `SELECT pg_advisory_xact_lock(4343)`)
+	_, err = hold.Exec(testCtx(t), `SELECT pg_advisory_xact_lock($1)`, key)
 	require.NoError(t, err)
 	return func() { require.NoError(t, hold.Commit(testCtx(t))) }
 }
 
-// waitLockWaiters waits until n sessions other than the test's wait on a
-// lock while running a statement that contains marker.
-func waitStmtWaiters(t *testing.T, b *Backend, marker string, n int) {
+// waitStalled waits until a session waits on advisory lock key and
+// returns its pid.
+func waitStalled(t *testing.T, b *Backend, key int64) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var pids []int
+		require.NoError(t, adminPool(b).QueryRow(testCtx(t), `SELECT coalesce(array_agg(pid), '{}') FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted AND ((classid::bigint << 32) | objid::bigint) = $1`, key).Scan(&pids))
+		if len(pids) == 1 {
+			return pids[0]
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("no statement came to wait on advisory lock %d", key)
+	return 0
+}
+
+// waitBlockedBy waits until n sessions wait on a lock that session pid
+// holds.
+func waitBlockedBy(t *testing.T, b *Backend, pid, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		var got int
 		require.NoError(t, adminPool(b).QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND strpos(query, $1) > 0`, marker).Scan(&got))
+			WHERE $1::int = ANY(pg_blocking_pids(pid))`, pid).Scan(&got))
 		if got >= n {
 			return
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	t.Fatalf("fewer than %d statements with %q came to wait on a lock", n, marker)
+	t.Fatalf("fewer than %d statements came to wait on session %d", n, pid)
 }
 
 type sharedResult struct {
@@ -75,11 +95,11 @@ func TestSharedReadersRaceForOneSlot(t *testing.T) {
 	b := newBundle(t, Options{}).backend
 	r0, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "r0", Shared: true})
 	require.NoError(t, err)
-	go1 := stallSlotInserts(t, b)
+	go1 := stallSlotInserts(t, b, 7245291000000004343)
 	first := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "stalled", Shared: true})
-	waitStmtWaiters(t, b, "pick AS MATERIALIZED", 1)
+	pid := waitStalled(t, b, 7245291000000004343)
 	second := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "second", Shared: true})
-	waitStmtWaiters(t, b, "pick AS MATERIALIZED", 2)
+	waitBlockedBy(t, b, pid, 1)
 	go1()
 	r1, r2 := <-first, <-second
 	require.NoError(t, r1.err)
@@ -105,11 +125,11 @@ func TestSharedWriterRacesFirstReader(t *testing.T) {
 	b := newBundle(t, Options{}).backend
 	acquireOK(t, b, "k", "w0", time.Minute) // K has a row: the writer's UPDATE meets it
 	require.NoError(t, b.Release(testCtx(t), sqllock.Lease{Key: "k", Token: 1, Owner: "w0"}))
-	go1 := stallSlotInserts(t, b)
+	go1 := stallSlotInserts(t, b, 7245291000000004344)
 	reader := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "stalled", Shared: true})
-	waitStmtWaiters(t, b, "pick AS MATERIALIZED", 1)
+	pid := waitStalled(t, b, 7245291000000004344)
 	writer := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "w"})
-	waitStmtWaiters(t, b, "WITH upd AS (", 1)
+	waitBlockedBy(t, b, pid, 1)
 	go1()
 	r, w := <-reader, <-writer
 	require.NoError(t, r.err)
