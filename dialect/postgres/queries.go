@@ -69,6 +69,7 @@ type statements struct {
 	acquire, acquireWait, release, list, peek   string
 	acquireMark, acquireMarkWait                string
 	sharedAcquire, sharedRenew, sharedRelease   string
+	sharedAcquireWait                           string // sharedAcquire's waiting form (.Notify)
 	renew, renewBatch, fence, channel, schema   string
 	acquireBatch, releaseBatch                  string
 	acquireAll                                  string // multi.go
@@ -97,6 +98,7 @@ func render(s schema) *statements {
 	if st.shared {
 		st.acquireMark, st.acquireMarkWait = fill("acquire", mark), fill("acquire", markWait)
 		st.sharedAcquire, st.sharedRenew, st.sharedRelease = fill("shared_acquire", plain), fill("shared_renew", plain), fill("shared_release", s)
+		st.sharedAcquireWait = fill("shared_acquire", s)
 	} else {
 		// No readers to keep out: a waiting writer's request is a plain one.
 		st.acquireMark, st.acquireMarkWait = st.acquire, st.acquireWait

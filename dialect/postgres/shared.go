@@ -54,6 +54,10 @@ func (b *Backend) tryAcquireShared(ctx context.Context, req sqllock.AcquireReque
 	if !st.shared {
 		return sqllock.Lease{}, errSharedSchema(b.table)
 	}
+	q := st.sharedAcquire
+	if b.watched(req.Key) {
+		q = st.sharedAcquireWait
+	}
 	var (
 		granted, kHeld, kept, live       bool
 		key, kOwner, markOwner           string
@@ -64,7 +68,7 @@ func (b *Backend) tryAcquireShared(ctx context.Context, req sqllock.AcquireReque
 	)
 	for attempt := 0; ; attempt++ {
 		value, kValue = nil, nil
-		err = b.queryRow(ctx, st.sharedAcquire, []any{req.Key, leaseMicros(req.TTL), req.Owner, nonEmpty(req.Value)},
+		err = b.queryRow(ctx, q, []any{req.Key, leaseMicros(req.TTL), req.Owner, nonEmpty(req.Value)},
 			&granted, &key, &token, &deadline, &value,
 			&kToken, &kHeld, &kDeadline, &kOwner, &kValue, &kept, &shared, &live, &markOwner, &markDL, &now)
 		if err != nil {

@@ -267,3 +267,23 @@ func TestRefusedSharedWritesNothing(t *testing.T) {
 		require.NoError(t, lock.Rollback(ctx))
 	}
 }
+
+// A reader waiting on a writer (its key watched) marks the writer's lease
+// on its refused attempt, as an exclusive waiter does, so that the
+// writer's release wakes it at once; the mark is made once per tenure.
+func TestWaitingReaderWokenByWritersRelease(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	ch, stop := b.Watch("k")
+	defer stop()
+	listening(t, b, ch)
+	for range 3 {
+		w := acquireOK(t, b, "k", "w", time.Minute)
+		for range 2 {
+			_, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "r", Shared: true})
+			require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+		}
+		require.NoError(t, b.Release(testCtx(t), w))
+		wakeWithin(t, ch, 10*time.Second, "the writer's release, a reader waiting")
+	}
+}

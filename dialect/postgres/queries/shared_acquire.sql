@@ -13,6 +13,9 @@ the snapshot's token, and the snapshot's live epoch, and no live mark (the
 UPDATE checks its newest version): every shared or exclusive grant of K
 moves K's token under K's row lock, so a reader that waited on another's
 grant re-reads (its slot pick may be stale) rather than take its slot.
+With .Notify (the waiting form, sent while K is watched) a refusal by an
+exclusive holder also marks the holder's lease once, as acquire's waiting
+form does, so that its release notifies.
 */ -}}
 WITH k AS MATERIALIZED (
     SELECT c.token, c.held, c.deadline, c.owner, c.value, c.hold_until, c.shared, c.epoch, c.slots,
@@ -80,6 +83,16 @@ WITH k AS MATERIALIZED (
            AND l.token < excluded.token)
     RETURNING l.key, l.token, l.deadline, l.value, {{template "durable"}} AS durable
 )
+{{- if .Notify}}, mark AS (
+    UPDATE {{.Table}} AS l
+    SET waited = true
+    WHERE l.key = (
+        SELECT w.key FROM {{.Table}} AS w, g
+        WHERE w.key = $1 AND g.act = 0 AND w.held AND w.deadline > statement_timestamp() AND w.owner <> '' AND w.owner <> $3 AND NOT w.waited
+        FOR NO KEY UPDATE OF w SKIP LOCKED)
+    RETURNING set_config('synchronous_commit', 'off', true) AS async
+)
+{{- end}}
 SELECT s.key IS NOT NULL AS granted, coalesce(s.key, ''), coalesce(s.token, 0), coalesce(s.deadline, statement_timestamp()), s.value,
        coalesce(g.token, 0), coalesce(g.held, false), coalesce(g.deadline, statement_timestamp()), coalesce(g.owner, ''), g.value,
        coalesce(g.hold_until > statement_timestamp(), false), coalesce(g.shared, 0), g.live,
