@@ -20,6 +20,8 @@ type acquireRow struct {
 	deadline, now                   time.Time
 	owner                           string
 	value                           []byte // the holder's, on refusal
+	shared                          int    // the readers' count, on refusal by readers (00007)
+	waiting                         string // a live writer's mark, on refusal (00007)
 }
 
 // acquired is TryAcquire's answer to req from its statement's row r.
@@ -40,7 +42,8 @@ func acquired(req sqllock.AcquireRequest, r acquireRow) (sqllock.Lease, error) {
 		// a notification since it had no mark. Try again soon.
 		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key}
 	case r.held && r.deadline.After(r.now):
-		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key, Owner: r.owner, Token: r.token, Remaining: r.deadline.Sub(r.now), Value: nonEmpty(r.value)}
+		return sqllock.Lease{}, &sqllock.HeldError{Key: req.Key, Owner: r.owner, Token: r.token, Remaining: r.deadline.Sub(r.now), Value: nonEmpty(r.value),
+			Shared: r.shared, WaitingWriter: r.waiting}
 	case r.token == math.MaxInt64:
 		return sqllock.Lease{}, fmt.Errorf("%w: %q reached token %d", sqllock.ErrTokenExhausted, req.Key, r.token)
 	default:

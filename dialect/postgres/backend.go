@@ -172,6 +172,9 @@ func (b *Backend) Close() error {
 // release that nobody marked sends no notification. Unwatched, a refused
 // attempt writes nothing.
 func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	if req.Shared {
+		return b.tryAcquireShared(ctx, req)
+	}
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
 	}
@@ -179,7 +182,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		return sqllock.Lease{}, pg.NotSent(outcome.Acquire, req.Key, true, err)
 	}
 	watched := b.watched(req.Key)
-	if watched || b.acquireQ.limit == 0 {
+	if watched || req.Mark || b.acquireQ.limit == 0 {
 		return b.tryAcquire(ctx, req, watched)
 	}
 	return b.acquireQ.do(ctx, req.Key, req, func(ctx context.Context) (sqllock.Lease, error) {
@@ -197,7 +200,12 @@ func (b *Backend) tryAcquire(ctx context.Context, req sqllock.AcquireRequest, wa
 		return sqllock.Lease{}, err
 	}
 	q := st.acquire
-	if watched {
+	switch {
+	case watched && req.Mark:
+		q = st.acquireMarkWait
+	case req.Mark:
+		q = st.acquireMark
+	case watched:
 		q = st.acquireWait
 	}
 	args := []any{req.Key, leaseMicros(req.TTL), req.Owner}
@@ -208,7 +216,7 @@ func (b *Backend) tryAcquire(ctx context.Context, req sqllock.AcquireRequest, wa
 		args = append(args, holdMicros(req.MinHold))
 	}
 	var r acquireRow
-	err = b.queryRow(ctx, q, args, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.changed, &r.value)
+	err = b.queryRow(ctx, q, args, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.changed, &r.value, &r.shared, &r.waiting)
 	if err != nil {
 		return sqllock.Lease{}, b.translate(ctx, outcome.Acquire, req.Key, err)
 	}
@@ -228,6 +236,9 @@ func (b *Backend) TryRenew(ctx context.Context, l sqllock.Lease, ttl time.Durati
 	}
 	if err := ctx.Err(); err != nil {
 		return sqllock.Lease{}, pg.NotSent(outcome.Renew, l.Key, true, err)
+	}
+	if key, _, ok := sqllock.ParseSharedKey(l.Key); ok {
+		return b.renewShared(ctx, l, key, ttl)
 	}
 	var (
 		renewed, held bool
@@ -266,6 +277,9 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	}
 	if err := ctx.Err(); err != nil {
 		return pg.NotSent(outcome.Release, l.Key, true, err)
+	}
+	if key, _, ok := sqllock.ParseSharedKey(l.Key); ok {
+		return b.releaseShared(ctx, l, key)
 	}
 	if b.releaseQ.limit == 0 {
 		return b.releaseAlone(ctx, l)
@@ -369,7 +383,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]sqllock.LockInfo, 
 		out = out[:0]
 		var i sqllock.LockInfo
 		var now time.Time
-		return b.listRows(ctx, st.list, prefix, []any{&i.Key, &i.Token, &i.Owner, &i.Held, &i.Deadline, &now, &i.Value}, func() error {
+		return b.listRows(ctx, st.list, prefix, []any{&i.Key, &i.Token, &i.Owner, &i.Held, &i.Deadline, &now, &i.Value, &i.Shared, &i.WaitingWriter}, func() error {
 			i.Remaining = 0
 			if i.Held {
 				i.Remaining = i.Deadline.Sub(now)

@@ -32,6 +32,14 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 	if err := ctx.Err(); err != nil {
 		return nil, pg.NotSent(outcome.Renew, reqs[0].Lease.Key, true, err)
 	}
+	if slices.ContainsFunc(reqs, isShared) {
+		return b.renewBatchWithShared(ctx, reqs)
+	}
+	return b.renewBatch(ctx, reqs)
+}
+
+// renewBatch is TryRenewBatch of valid, exclusive leases.
+func (b *Backend) renewBatch(ctx context.Context, reqs []sqllock.RenewRequest) ([]sqllock.RenewResult, error) {
 	// Each lease once, with the longest TTL asked for it.
 	type id struct {
 		key   string
@@ -378,7 +386,7 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 	var key string
 	var r acquireRow
 	err := b.queryRows(ctx, b.full.acquireBatch, []any{keys, micros, owners, values, holds},
-		[]any{&key, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.skipped, &r.value}, func() error {
+		[]any{&key, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.skipped, &r.value, &r.shared, &r.waiting}, func() error {
 			i, ok := at[key]
 			if !ok {
 				return fmt.Errorf("sqllock/postgres: batch acquire returned an unknown key %q", key)

@@ -41,7 +41,7 @@ func TestConformancePgBouncerSettings(t *testing.T) {
 				// With DisableNotify, Watch never fires (clients poll), so
 				// the suite does not see the Watcher.
 				return pollOnly{b, b}
-			}, watchRule))
+			}, watchRules...))
 		})
 	}
 }
@@ -50,9 +50,10 @@ func TestConformancePgBouncerSettings(t *testing.T) {
 // in transaction mode: none prepares a named statement.
 var transactionModes = []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeSimpleProtocol}
 
-// watchRule is the suite's rule of the Watcher, the only one a Backend
-// with DisableNotify may skip.
-const watchRule = "WatchSignalsRelease"
+// watchRules are the suite's rules of the Watcher (a release's, and a
+// shared key's last release's), the only ones a Backend with
+// DisableNotify may skip.
+var watchRules = []string{"WatchSignalsRelease", "WatchSignalsLastRelease"}
 
 // pollOnly is a Backend as a Client sees it with DisableNotify: without
 // the Watcher (embedding the interface promotes its four methods only),
@@ -107,6 +108,7 @@ func harness(newBackend func(t *testing.T) sqllock.Backend, mayskip ...string) b
 				ON CONFLICT (key) DO UPDATE SET token = excluded.token, held = false, hold_until = NULL`, key, token)
 			require.NoError(t, err)
 		},
+		Shared: true,
 	}
 }
 

@@ -89,7 +89,7 @@ func TestDBConformancePgBouncer(t *testing.T) {
 						params, opts.DisableNotify = transactionParams[d.name], true
 					}
 					if opts.DisableNotify || d.name != "pgx" {
-						mayskip = []string{watchRule}
+						mayskip = watchRules
 					}
 					backendtest.Run(t, harness(func(t *testing.T) sqllock.Backend {
 						return asClient(bouncerDBBackend(t, bouncer, d.name, params, opts))

@@ -89,7 +89,7 @@ func TestConformancePgBouncer(t *testing.T) {
 				backendtest.Run(t, harness(func(t *testing.T) sqllock.Backend {
 					b := bouncerBackend(t, bouncer, mode, Options{DisableNotify: true})
 					return pollOnly{b, b}
-				}, watchRule))
+				}, watchRules...))
 			})
 		}
 	})

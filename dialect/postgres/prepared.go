@@ -261,6 +261,8 @@ func scanValues(vals []driver.Value, dest []any) error {
 			err = scanNotNull(d, v)
 		case *int64:
 			err = scanNotNull(d, v)
+		case *int:
+			err = scanNotNull(d, v)
 		case *string:
 			err = scanNotNull(d, v)
 		case *time.Time:

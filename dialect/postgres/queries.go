@@ -38,6 +38,10 @@ type schema struct {
 	Notify bool
 	// DurableRelease: a release commits durably, not asynchronously.
 	DurableRelease bool
+	// Mark: the acquire is a waiting writer's (sqllock.AcquireRequest.Mark):
+	// a refusal marks the key so that new shared grants are refused
+	// (from 00007, docs/shared-locks.md).
+	Mark bool
 }
 
 // Floor is the quoted name of the table's token floor, the sequence of
@@ -50,28 +54,36 @@ func (s schema) Floor() string {
 // latest is the schema version of the newest migration whose columns (or,
 // for 00006, the token floor) the statements use; a table at an older one
 // gets statements without them.
-const latest = 6
+const latest = 7
 
 // statements are a Backend's statements for one schema version. acquire is
 // the plain form of the acquire, acquireWait its waiting form (TryAcquire
 // sends it while the key is watched); the batch statements need every
 // column and are sent only at the latest version. waited, value and hold
-// say which columns of migrations 00003, 00004 and 00005 they use.
+// say which columns of migrations 00003, 00004 and 00005 they use, shared
+// whether 00007's shared locks are there (acquireMark, acquireMarkWait:
+// acquire and acquireWait in a waiting writer's form; sharedAcquire,
+// sharedRenew, sharedRelease: shared.go).
 type statements struct {
-	version                                   int
-	acquire, acquireWait, release, list, peek string
-	renew, renewBatch, fence, channel, schema string
-	acquireBatch, releaseBatch                string
-	acquireAll                                string // multi.go
-	reap                                      string // reap.go, from 00006
-	waited, value, hold, durableRelease       bool
+	version                                     int
+	acquire, acquireWait, release, list, peek   string
+	acquireMark, acquireMarkWait                string
+	sharedAcquire, sharedRenew, sharedRelease   string
+	sharedAcquireWait                           string // sharedAcquire's waiting form (.Notify)
+	renew, renewBatch, fence, channel, schema   string
+	acquireBatch, releaseBatch                  string
+	acquireAll                                  string // multi.go
+	reap                                        string // reap.go, from 00006
+	waited, value, hold, shared, durableRelease bool
 }
 
 // render renders the statements for s.
 func render(s schema) *statements {
 	plain := s
 	plain.Notify = false
-	return &statements{
+	mark, markWait := plain, s
+	mark.Mark, markWait.Mark = true, true
+	st := &statements{
 		version: s.Version,
 		acquire: fill("acquire", plain), acquireWait: fill("acquire", s),
 		release: fill("release", s), list: fill("list", s), peek: fill("peek", s),
@@ -80,8 +92,18 @@ func render(s schema) *statements {
 		acquireBatch: fill("acquire_batch", plain), releaseBatch: fill("release_batch", s),
 		acquireAll: fill("acquire_all", plain),
 		reap:       fill("reap", plain),
-		waited:     s.Version >= 3, value: s.Version >= 4, hold: s.Version >= 5, durableRelease: s.DurableRelease,
+		waited:     s.Version >= 3, value: s.Version >= 4, hold: s.Version >= 5, shared: s.Version >= 7,
+		durableRelease: s.DurableRelease,
 	}
+	if st.shared {
+		st.acquireMark, st.acquireMarkWait = fill("acquire", mark), fill("acquire", markWait)
+		st.sharedAcquire, st.sharedRenew, st.sharedRelease = fill("shared_acquire", plain), fill("shared_renew", plain), fill("shared_release", s)
+		st.sharedAcquireWait = fill("shared_acquire", s)
+	} else {
+		// No readers to keep out: a waiting writer's request is a plain one.
+		st.acquireMark, st.acquireMarkWait = st.acquire, st.acquireWait
+	}
+	return st
 }
 
 // fill renders the statement in queries/name.sql for s.

@@ -35,8 +35,10 @@ func txAcquire(t *testing.T, tx pgx.Tx, sql string, req sqllock.AcquireRequest) 
 	if len(req.Value) > 0 {
 		value = req.Value
 	}
+	var shared int
+	var waiting string
 	require.NoError(t, tx.QueryRow(testCtx(t), sql, req.Key, leaseMicros(req.TTL), req.Owner, value, holdMicros(req.MinHold)).
-		Scan(&r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.changed, &r.value))
+		Scan(&r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.changed, &r.value, &shared, &waiting))
 	return r
 }
 

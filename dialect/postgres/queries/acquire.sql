@@ -6,7 +6,11 @@ row, writes no WAL and takes no transaction id when it refuses. With
 holder's lease once, so that its release notifies
 (docs/postgres-statements.md#acquire). From 00006 a key's first row takes
 the floor of reaped keys + 1; migration 00006's trigger refuses it if a
-reap raised the floor past it meanwhile (docs/key-reaping.md).
+reap raised the floor past it meanwhile (docs/key-reaping.md). From 00007
+a refusal also reports the readers' count and a live writer's mark; with
+.Mark (a waiting writer's form) a refusal marks the key with $3 until now
++ $2 µs unless another writer's mark is live, and a grant ends $3's mark
+(docs/shared-locks.md).
 */ -}}
 WITH upd AS (
     UPDATE {{.Table}} AS l
@@ -29,6 +33,10 @@ WITH upd AS (
 {{- if ge .Version 5}},
         hold_until = CASE WHEN l.held AND l.deadline > statement_timestamp() THEN l.hold_until
                           WHEN $5::bigint > 0 THEN statement_timestamp() + $5::bigint * interval '1 microsecond' END
+{{- end}}
+{{- if and .Mark (ge .Version 7)}},
+        mark_owner = CASE WHEN l.mark_owner = $3 THEN NULL ELSE l.mark_owner END,
+        mark_deadline = CASE WHEN l.mark_owner = $3 THEN NULL ELSE l.mark_deadline END
 {{- end}}
     WHERE l.key = $1
       AND ((l.held AND l.deadline > statement_timestamp() AND l.owner = $3)
@@ -56,7 +64,20 @@ WITH upd AS (
     WHERE l.held AND l.owner = excluded.owner AND l.deadline > statement_timestamp()
     RETURNING l.token, l.deadline, {{template "durable"}} AS durable
 )
-{{- if and .Notify (ge .Version 3)}}, mark AS (
+{{- if and .Mark (ge .Version 7)}}, mark AS (
+    UPDATE {{.Table}} AS l
+    SET {{if .Notify}}waited = l.waited OR (l.held AND l.deadline > statement_timestamp() AND l.owner <> $3),
+        {{end}}mark_owner = CASE WHEN {{template "markable"}} THEN $3 ELSE l.mark_owner END,
+        mark_deadline = CASE WHEN {{template "markable"}} THEN statement_timestamp() + $2::bigint * interval '1 microsecond' ELSE l.mark_deadline END
+    WHERE l.key = (
+        SELECT w.key FROM {{.Table}} AS w
+        WHERE w.key = $1 AND NOT EXISTS (SELECT FROM upd) AND NOT EXISTS (SELECT FROM ins)
+          AND ((w.held AND w.deadline > statement_timestamp() AND w.owner <> $3{{if .Notify}} AND NOT w.waited{{end}})
+               OR w.mark_owner IS NULL OR w.mark_deadline <= statement_timestamp() OR w.mark_owner = $3)
+        FOR NO KEY UPDATE OF w SKIP LOCKED)
+    RETURNING set_config('synchronous_commit', 'off', true) AS async
+)
+{{- else if and .Notify (ge .Version 3)}}, mark AS (
     UPDATE {{.Table}} AS l
     SET waited = true
     WHERE l.key = (
@@ -76,16 +97,26 @@ SELECT u.token IS NOT NULL OR i.token IS NOT NULL AS granted,
 {{- end}}
        CASE WHEN u.token IS NULL AND i.token IS NULL THEN coalesce(c.owner, '') ELSE '' END AS owner,
        statement_timestamp() AS now,
-{{- if and .Notify (ge .Version 3)}}
+{{- if and .Mark (ge .Version 7)}}
+       u.token IS NULL AND i.token IS NULL AND coalesce(c.held AND c.deadline > statement_timestamp() AND c.owner <> $3
+           AND ({{if .Notify}}NOT c.waited OR {{end}}c.mark_owner IS NULL OR c.mark_deadline <= statement_timestamp())
+           AND NOT EXISTS (SELECT FROM mark), false) AS changed,
+{{- else if and .Notify (ge .Version 3)}}
        u.token IS NULL AND i.token IS NULL AND coalesce(c.held AND c.deadline > statement_timestamp() AND c.owner <> $3 AND NOT c.waited
            AND NOT EXISTS (SELECT FROM mark), false) AS changed,
 {{- else}}
        false AS changed,
 {{- end}}
 {{- if ge .Version 4}}
-       CASE WHEN u.token IS NULL AND i.token IS NULL THEN c.value END AS value
+       CASE WHEN u.token IS NULL AND i.token IS NULL THEN c.value END AS value,
 {{- else}}
-       NULL::bytea AS value
+       NULL::bytea AS value,
+{{- end}}
+{{- if ge .Version 7}}
+       CASE WHEN c.held AND c.owner = '' AND c.deadline > statement_timestamp() THEN c.shared ELSE 0 END AS shared,
+       coalesce(CASE WHEN c.mark_deadline > statement_timestamp() THEN c.mark_owner END, '') AS waiting
+{{- else}}
+       0 AS shared, '' AS waiting
 {{- end}}
 FROM (SELECT) AS one
 LEFT JOIN upd AS u ON true

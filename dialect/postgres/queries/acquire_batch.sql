@@ -4,7 +4,7 @@ commit), with every per-key rule of acquire at the batch's one "now"; the
 plain form only (a waiting acquire is always sent alone). Rows locked in key
 order, SKIP LOCKED: a row grantable but locked comes back "skipped" and is
 sent again alone. A key's first row takes the floor of reaped keys + 1,
-as acquire's. Sent only on a table at version 6
+as acquire's. Sent only on a table at the latest version
 (docs/postgres-statements.md#batches).
 */ -}}
 WITH now AS MATERIALIZED (
@@ -61,7 +61,9 @@ SELECT r.key,
        n.now,
        coalesce((c.held AND c.deadline > n.now AND c.owner = r.owner)
                 OR (((NOT c.held AND coalesce(c.hold_until <= n.now, true)) OR c.deadline <= n.now) AND c.token < 9223372036854775807), false) AS skipped,
-       c.value
+       c.value,
+       CASE WHEN c.held AND c.owner = '' AND c.deadline > n.now THEN c.shared ELSE 0 END AS shared,
+       coalesce(CASE WHEN c.mark_deadline > n.now THEN c.mark_owner END, '') AS waiting
 FROM req AS r
 CROSS JOIN now AS n
 LEFT JOIN upd AS u ON u.key = r.key

@@ -1,7 +1,8 @@
 {{- /*
 reap: deletes at most $2 keys whose deadline is at least $1 µs before now
 (released or expired that long ago: never a held, unexpired lease), except
-a semaphore's rows. The rows are locked FOR UPDATE SKIP LOCKED, so a row
+a semaphore's rows and a key's reader slots (their numbering is the key's
+own, docs/shared-locks.md; a key held shared is held, unexpired). The rows are locked FOR UPDATE SKIP LOCKED, so a row
 an acquire, a renewal, a release or a fenced transaction (FOR SHARE) has
 locked is skipped, never waited for, and its condition is checked again on
 its newest version. The DELETE sets sqllock.reap, for this transaction,
@@ -13,6 +14,9 @@ WITH pick AS (
     SELECT c.key FROM {{.Table}} AS c
     WHERE c.deadline <= statement_timestamp() - $1::bigint * interval '1 microsecond'
       AND strpos(c.key, '#permit') = 0
+{{- if ge .Version 7}}
+      AND strpos(c.key, '#shared-') = 0
+{{- end}}
     LIMIT $2
     FOR UPDATE OF c SKIP LOCKED
 ), gone AS (

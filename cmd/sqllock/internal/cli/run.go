@@ -405,7 +405,7 @@ func acquireError(err error, f runFlags) error {
 		return perr
 	}
 	if errors.Is(err, sqllock.ErrSharedUnsupported) {
-		return fail(ExitConfig, "--shared: this database's backend does not support shared locks (SQLite does); not run")
+		return fail(ExitConfig, "--shared: this database's backend does not support shared locks (SQLite and PostgreSQL do); not run")
 	}
 	var he *sqllock.HeldError
 	if errors.As(err, &he) {

@@ -1,0 +1,289 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// The races of shared locks that no timing makes happen on its own, each
+// held open at its dangerous point by a test-only trigger that waits on
+// an advisory lock the test holds.
+
+// stallSlotInserts makes the shared acquire of owner "stalled" wait, once
+// it has locked (and written) K's row, on advisory lock key (one per test:
+// the tests' schemas share a database, and so its advisory locks), which
+// the test holds until it calls the returned function.
+func stallSlotInserts(t *testing.T, b *Backend, key int64) (release func()) {
+	t.Helper()
+	admin := adminPool(b)
+	_, err := admin.Exec(testCtx(t), fmt.Sprintf(`CREATE FUNCTION stall_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock(%d); RETURN NEW; END $$;
+		CREATE TRIGGER stall_slot BEFORE INSERT ON `+b.table+` FOR EACH ROW WHEN (NEW.owner = 'stalled') EXECUTE FUNCTION stall_slot()`, key))
+	require.NoError(t, err)
+	hold, err := admin.Begin(testCtx(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { hold.Rollback(context.Background()) })
+	_, err = hold.Exec(testCtx(t), `SELECT pg_advisory_xact_lock($1)`, key)
+	require.NoError(t, err)
+	return func() { require.NoError(t, hold.Commit(testCtx(t))) }
+}
+
+// waitStalled waits until a session waits on advisory lock key and
+// returns its pid.
+func waitStalled(t *testing.T, b *Backend, key int64) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var pids []int
+		require.NoError(t, adminPool(b).QueryRow(testCtx(t), `SELECT coalesce(array_agg(pid), '{}') FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted AND ((classid::bigint << 32) | objid::bigint) = $1`, key).Scan(&pids))
+		if len(pids) == 1 {
+			return pids[0]
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("no statement came to wait on advisory lock %d", key)
+	return 0
+}
+
+// waitBlockedBy waits until n sessions wait on a lock that session pid
+// holds.
+func waitBlockedBy(t *testing.T, b *Backend, pid, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var got int
+		require.NoError(t, adminPool(b).QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity
+			WHERE $1::int = ANY(pg_blocking_pids(pid))`, pid).Scan(&got))
+		if got >= n {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("fewer than %d statements came to wait on session %d", n, pid)
+}
+
+type sharedResult struct {
+	l   sqllock.Lease
+	err error
+}
+
+func goTry(t *testing.T, b *Backend, req sqllock.AcquireRequest) <-chan sharedResult {
+	done := make(chan sharedResult, 1)
+	go func() {
+		l, err := b.TryAcquire(testCtx(t), req)
+		done <- sharedResult{l, err}
+	}()
+	return done
+}
+
+// Two readers take a slot of one key that a third reads at once: the
+// first ("stalled") has locked K's row and waits before its slot's
+// insert; the second's snapshot sees slot 2 free, as the first's did, and
+// it waits for K's row. Once the first commits, the second must not take
+// slot 2 too, nor count a reader it did not grant: K's row moved to the
+// first's token, so the second reads again and takes slot 3.
+func TestSharedReadersRaceForOneSlot(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	r0, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "r0", Shared: true})
+	require.NoError(t, err)
+	go1 := stallSlotInserts(t, b, 7245291000000004343)
+	first := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "stalled", Shared: true})
+	pid := waitStalled(t, b, 7245291000000004343)
+	second := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "second", Shared: true})
+	waitBlockedBy(t, b, pid, 1)
+	go1()
+	r1, r2 := <-first, <-second
+	require.NoError(t, r1.err)
+	require.NoError(t, r2.err)
+	require.NotEqual(t, r1.l.Key, r2.l.Key, "two readers granted one slot")
+	require.Greater(t, r2.l.Token, r1.l.Token)
+	all, err := b.List(testCtx(t), "k")
+	require.NoError(t, err)
+	require.Equal(t, "k", all[0].Key)
+	require.Equal(t, 3, all[0].Shared, "readers counted on K: %+v", all)
+	for _, r := range []sqllock.Lease{r0, r1.l, r2.l} {
+		require.NoError(t, b.Release(testCtx(t), r))
+	}
+	acquireOK(t, b, "k", "w", time.Minute) // the count reached 0: K is free
+}
+
+// A writer waits for K's row while a first reader, which locked it, is on
+// its way to its slot: the writer's snapshot saw K free, its UPDATE checks
+// K's newest row, held by the reader, and refuses (a raced refusal to try
+// again at once); its next attempt names the reader.
+func TestSharedWriterRacesFirstReader(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	acquireOK(t, b, "k", "w0", time.Minute) // K has a row: the writer's UPDATE meets it
+	require.NoError(t, b.Release(testCtx(t), sqllock.Lease{Key: "k", Token: 1, Owner: "w0"}))
+	go1 := stallSlotInserts(t, b, 7245291000000004344)
+	reader := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "stalled", Shared: true})
+	pid := waitStalled(t, b, 7245291000000004344)
+	writer := goTry(t, b, sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "w"})
+	waitBlockedBy(t, b, pid, 1)
+	go1()
+	r, w := <-reader, <-writer
+	require.NoError(t, r.err)
+	require.ErrorIs(t, w.err, sqllock.ErrNotAcquired, "a writer granted beside a reader: %+v", w.l)
+	_, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "w"})
+	var he *sqllock.HeldError
+	require.ErrorAs(t, err, &he)
+	require.Equal(t, 1, he.Shared)
+}
+
+// A reaper never deletes a reader slot, not even one released and
+// expired long ago under a key still read: the slot is its key's.
+func TestReapLeavesReaderSlots(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	_, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "s", TTL: time.Minute, Owner: "r0", Shared: true})
+	require.NoError(t, err)
+	r1, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "s", TTL: time.Minute, Owner: "r1", Shared: true})
+	require.NoError(t, err)
+	require.NoError(t, b.Release(testCtx(t), r1))
+	expire(t, b, r1.Key)
+	_, err = b.Reap(testCtx(t), 0, 100)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, adminPool(b).QueryRow(testCtx(t), "SELECT count(*) FROM "+b.table+" WHERE key = $1", r1.Key).Scan(&n))
+	require.Equal(t, 1, n, "the reaper deleted reader slot %s", r1.Key)
+}
+
+// A table at 00006 whose lease a Backend of that version holds is
+// upgraded by 00007 (shared locks) while it is held: no row changes, the
+// lease renews through either Backend and is refused to readers and
+// writers. The old Backend (the statements of version 6, as the previous
+// release sent them) refuses a shared request before any I/O, and fails
+// closed beside readers: its acquire sees K's row held (the readers'
+// summary, no owner) and never grants K beside a reader; once they have
+// left, it takes K above their tokens.
+func TestUpgradeToSharedKeepsLeases(t *testing.T) {
+	t.Parallel()
+	db, upgrade := schemaAt(t, 6)
+	old, err := New(db.Pool, Options{})
+	require.NoError(t, err)
+	defer old.Close()
+	ctx := testCtx(t)
+	held := acquireOK(t, old, "held", "old-h", time.Hour)
+	rows := func() [][]any {
+		r, err := db.Pool.Query(ctx, `SELECT key, token, held, deadline, owner, waited, value, hold_until FROM `+old.table+` ORDER BY key`)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(r, func(row pgx.CollectableRow) ([]any, error) { return row.Values() })
+		require.NoError(t, err)
+		return out
+	}
+	before := rows()
+
+	upgrade()
+	require.Equal(t, before, rows(), "the migration changed a lease")
+	b, err := New(db.Pool, Options{})
+	require.NoError(t, err)
+	defer b.Close()
+	_, err = b.TryRenew(ctx, held, time.Hour)
+	require.NoError(t, err, "the lease held across the upgrade renews (new Backend)")
+	_, err = old.TryRenew(ctx, held, time.Hour)
+	require.NoError(t, err, "the lease held across the upgrade renews (old Backend)")
+	_, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "held", TTL: time.Minute, Owner: "r", Shared: true})
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired, "a reader beside the lease held across the upgrade")
+	_, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "held", TTL: time.Minute, Owner: "w"})
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+
+	_, err = old.TryAcquire(ctx, sqllock.AcquireRequest{Key: "doc", TTL: time.Minute, Owner: "old-r", Shared: true})
+	require.ErrorIs(t, err, sqllock.ErrSchemaMissing, "a Backend that read version 6 grants no shared request")
+	var readers []sqllock.Lease
+	for _, o := range []string{"r1", "r2"} {
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "doc", TTL: time.Minute, Owner: o, Shared: true})
+		require.NoError(t, err)
+		readers = append(readers, l)
+	}
+	for range 3 {
+		_, err := old.TryAcquire(ctx, sqllock.AcquireRequest{Key: "doc", TTL: time.Minute, Owner: "old-w"})
+		require.ErrorIs(t, err, sqllock.ErrNotAcquired, "the old acquire beside readers: fails closed")
+	}
+	require.NoError(t, b.Release(ctx, readers[0]))
+	_, err = old.TryAcquire(ctx, sqllock.AcquireRequest{Key: "doc", TTL: time.Minute, Owner: "old-w"})
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired, "the old acquire beside the last reader")
+	require.NoError(t, b.Release(ctx, readers[1]))
+	w := acquireOK(t, old, "doc", "old-w", time.Minute)
+	require.Greater(t, w.Token, readers[1].Token, "the old Backend's grant after the readers: above their tokens")
+	require.NoError(t, old.Release(ctx, held))
+}
+
+// A refused shared request writes nothing: no transaction id, no WAL,
+// whether a writer holds the key, a waiting writer's mark keeps readers
+// out, or every slot is taken; and it takes no row lock, so it never
+// waits for one: it is refused at once while another transaction holds
+// K's row locked (a fenced transaction's FOR SHARE, here FOR UPDATE).
+func TestRefusedSharedWritesNothing(t *testing.T) {
+	t.Parallel()
+	bundle := newBundle(t, Options{})
+	b := bundle.backend
+	ctx := testCtx(t)
+	st, err := b.statements(ctx, "acquire", "w")
+	require.NoError(t, err)
+	acquireOK(t, b, "w", "writer", time.Hour)
+	_, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "m", TTL: time.Hour, Owner: "r0", Shared: true})
+	require.NoError(t, err)
+	_, err = b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "m", TTL: time.Hour, Owner: "mw", Mark: true})
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+	for _, key := range []string{"w", "m"} {
+		args := []any{key, int64(60_000_000), "r", nil}
+		tx, err := bundle.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { tx.Rollback(context.Background()) })
+		var granted bool
+		var skip [15]any
+		dest := []any{&granted}
+		for i := range skip {
+			dest = append(dest, &skip[i])
+		}
+		require.NoError(t, tx.QueryRow(ctx, st.sharedAcquire, args...).Scan(dest...))
+		require.False(t, granted, "%s: granted", key)
+		var xid *int64
+		require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id_if_assigned()::text::bigint").Scan(&xid))
+		require.Nil(t, xid, "%s: a refused shared acquire assigned a transaction id", key)
+		require.NoError(t, tx.Rollback(ctx))
+		records, bytes := planWAL(t, b, st.sharedAcquire, args...)
+		require.Zero(t, records, "%s: a refused shared acquire wrote WAL (%d bytes)", key, bytes)
+
+		lock, err := bundle.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { lock.Rollback(context.Background()) })
+		_, err = lock.Exec(ctx, "SELECT FROM "+b.table+" WHERE key = $1 FOR UPDATE", key)
+		require.NoError(t, err)
+		short, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = b.TryAcquire(short, sqllock.AcquireRequest{Key: key, TTL: time.Minute, Owner: "r", Shared: true})
+		cancel()
+		require.ErrorIs(t, err, sqllock.ErrNotAcquired, "%s: a refused shared acquire waited on a locked row", key)
+		require.NoError(t, lock.Rollback(ctx))
+	}
+}
+
+// A reader waiting on a writer (its key watched) marks the writer's lease
+// on its refused attempt, as an exclusive waiter does, so that the
+// writer's release wakes it at once; the mark is made once per tenure.
+func TestWaitingReaderWokenByWritersRelease(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	ch, stop := b.Watch("k")
+	defer stop()
+	listening(t, b, ch)
+	for range 3 {
+		w := acquireOK(t, b, "k", "w", time.Minute)
+		for range 2 {
+			_, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "r", Shared: true})
+			require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+		}
+		require.NoError(t, b.Release(testCtx(t), w))
+		wakeWithin(t, ch, 10*time.Second, "the writer's release, a reader waiting")
+	}
+}
