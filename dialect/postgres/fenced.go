@@ -46,6 +46,10 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 	if b.db != nil {
 		return fmt.Errorf("%s: FencedTx runs on a pgx pool; this Backend is on a *sql.DB (NewDB): use FencedSQLTx", pg.Prefix(outcome.Fence, l.Key))
 	}
+	st, serr := b.statements(ctx, outcome.Fence, l.Key)
+	if serr != nil {
+		return serr
+	}
 	// Take the connection explicitly: one that the server condemned
 	// (read-only after a failover, see unusable) is closed, not handed
 	// back for reuse.
@@ -80,7 +84,7 @@ func (b *Backend) FencedTx(ctx context.Context, l sqllock.Lease, fn func(tx pgx.
 		current       int64
 		deadline, now time.Time
 	)
-	if err := tx.QueryRow(ctx, b.full.fence, l.Key, l.Token).Scan(&locked, &current, &held, &deadline, &now); err != nil {
+	if err := tx.QueryRow(ctx, st.fence, fenceArgs(st, l)...).Scan(&locked, &current, &held, &deadline, &now); err != nil {
 		return b.translate(ctx, outcome.Fence, l.Key, err)
 	}
 	if !locked {
@@ -192,16 +196,32 @@ func (b *Backend) Fence(ctx context.Context, tx *sql.Tx, l sqllock.Lease) error 
 	if err := ctx.Err(); err != nil {
 		return pg.NotSent(outcome.Fence, l.Key, true, err)
 	}
+	st, err := b.statements(ctx, outcome.Fence, l.Key)
+	if err != nil {
+		return err
+	}
 	var (
 		locked, held  bool
 		current       int64
 		deadline, now time.Time
 	)
-	if err := tx.QueryRowContext(ctx, b.full.fence, l.Key, l.Token).Scan(&locked, &current, &held, &deadline, &now); err != nil {
+	if err := tx.QueryRowContext(ctx, st.fence, fenceArgs(st, l)...).Scan(&locked, &current, &held, &deadline, &now); err != nil {
 		return b.translate(ctx, outcome.Fence, l.Key, b.driverError(err))
 	}
 	if !locked {
 		return lostReason(l, current, held, deadline, now)
 	}
 	return nil
+}
+
+// fenceArgs are st's fence statement's arguments for l: from version 7
+// (shared locks) also the key whose reader slot l is, or NULL.
+func fenceArgs(st *statements, l sqllock.Lease) []any {
+	if st.version < 7 {
+		return []any{l.Key, l.Token}
+	}
+	if k, _, ok := sqllock.ParseSharedKey(l.Key); ok {
+		return []any{l.Key, l.Token, k}
+	}
+	return []any{l.Key, l.Token, nil}
 }

@@ -2,11 +2,13 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/sqllock"
@@ -285,5 +287,44 @@ func TestWaitingReaderWokenByWritersRelease(t *testing.T) {
 		}
 		require.NoError(t, b.Release(testCtx(t), w))
 		wakeWithin(t, ch, 10*time.Second, "the writer's release, a reader waiting")
+	}
+}
+
+// A forced release of a key held shared ends its readers' fences as it
+// ends their renewals (LostReleased): a reader's slot row is still held
+// with its token afterwards, and a writer may hold the key, so a fence
+// that checked the slot alone would let a reader of the ended epoch run
+// a fenced transaction beside the writer. On a pgx pool and on a *sql.DB.
+func TestReaderFenceEndsWithForcedRelease(t *testing.T) {
+	t.Parallel()
+	noop := func(pgx.Tx) error { return nil }
+	noopSQL := func(*sql.Tx) error { return nil }
+	run := func(t *testing.T, b *Backend, admin *pgxpool.Pool, fence func(sqllock.Lease) error) {
+		ctx := testCtx(t)
+		r, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "f", TTL: time.Minute, Owner: "r", Shared: true})
+		require.NoError(t, err)
+		require.NoError(t, fence(r), "a live reader's fence")
+		var token int64
+		require.NoError(t, admin.QueryRow(ctx, "SELECT token FROM "+b.table+" WHERE key = 'f'").Scan(&token))
+		if err := b.Release(ctx, sqllock.Lease{Key: "f", Token: token, Owner: "admin"}); err != nil {
+			require.ErrorIs(t, err, sqllock.ErrLeaseLost, "forced release of f")
+		}
+		w, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "f", TTL: time.Minute, Owner: "w"})
+		require.NoError(t, err, "a writer after the forced release")
+		var lost *sqllock.LostError
+		require.ErrorAs(t, fence(r), &lost, "the fence of a reader whose epoch a forced release ended, beside writer %+v", w)
+		require.Equal(t, sqllock.LostReleased, lost.Reason)
+	}
+	t.Run("pool", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, Options{}).backend
+		run(t, b, adminPool(b), func(l sqllock.Lease) error { return b.FencedTx(testCtx(t), l, noop) })
+	})
+	for _, d := range sqlDrivers {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			bundle, b := dbBundle(t, d, Options{})
+			run(t, b, bundle.db.Pool, func(l sqllock.Lease) error { return b.FencedSQLTx(testCtx(t), l, noopSQL) })
+		})
 	}
 }
