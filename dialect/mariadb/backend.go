@@ -109,8 +109,8 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	if o.DisableGroupCommit {
 		limit = 0
 	}
-	b.acquireQ = &gcQueue[sqllock.AcquireRequest, sqllock.Lease]{limit: limit, send: b.sendAcquires}
-	b.releaseQ = &gcQueue[sqllock.Lease, struct{}]{limit: limit, send: b.sendReleases}
+	b.acquireQ = &gcQueue[sqllock.AcquireRequest, sqllock.Lease]{limit: limit, calls: groupCommitCalls, send: b.sendAcquires}
+	b.releaseQ = &gcQueue[sqllock.Lease, struct{}]{limit: limit, calls: groupCommitCalls, send: b.sendReleases}
 	t, wait := o.Table, o.lockWaitSeconds()
 	prefix := lockWaitPrefix(wait, sessionWait)
 	b.acquireSQL = render(acquireSQL, t, nowSQL, prefix)
