@@ -41,6 +41,13 @@ type Backend struct {
 	listSQL, listFromSQL, fenceSQL      string
 	reapPickSQL, reapMarkSQL            string
 	reapUnmarkSQL, reapDeleteSQL        string // reapDeleteSQL with {{keys}}
+	floorSQL                            string
+
+	// floor is the newest floor of reaped keys this Backend has read (0
+	// until a first row was refused): acquireSQL's first token is
+	// firstToken(floor), and migration 00005's check refuses it when a
+	// reap raised the floor since (see acquireSQL).
+	floor atomic.Int64
 
 	stmtMu sync.Mutex
 	stmts  map[string]*sql.Stmt // prepared lazily (the table may not exist yet)
@@ -102,8 +109,8 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	if o.DisableGroupCommit {
 		limit = 0
 	}
-	b.acquireQ = &gcQueue[sqllock.AcquireRequest, sqllock.Lease]{limit: limit, send: b.sendAcquires}
-	b.releaseQ = &gcQueue[sqllock.Lease, struct{}]{limit: limit, send: b.sendReleases}
+	b.acquireQ = &gcQueue[sqllock.AcquireRequest, sqllock.Lease]{limit: limit, calls: groupCommitCalls, send: b.sendAcquires}
+	b.releaseQ = &gcQueue[sqllock.Lease, struct{}]{limit: limit, calls: groupCommitCalls, send: b.sendReleases}
 	t, wait := o.Table, o.lockWaitSeconds()
 	prefix := lockWaitPrefix(wait, sessionWait)
 	b.acquireSQL = render(acquireSQL, t, nowSQL, prefix)
@@ -120,6 +127,7 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	b.reapMarkSQL = render(reapMarkSQL, t, nowSQL, prefix)
 	b.reapUnmarkSQL = render(reapUnmarkSQL, t, nowSQL, prefix)
 	b.reapDeleteSQL = render(reapDeleteSQL, t, nowSQL, prefix)
+	b.floorSQL = render(floorSQL, t, nowSQL, prefix)
 	return b, nil
 }
 
@@ -240,19 +248,54 @@ func acquireArgs(req sqllock.AcquireRequest) acquireParams {
 	return p
 }
 
-// tryAcquire sends req alone, with acquireSQL.
+// tryAcquire sends req alone, with acquireSQL. A first row the floor
+// refused (isFloorRace: a reap raised it since this Backend read it)
+// applied nothing: the floor is read again (readFloor) and run sends the
+// statement again with the new first token.
 func (b *Backend) tryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
 	p := acquireArgs(req)
 	var r acquireRow
 	err := b.run(ctx, outcome.Acquire, req.Key, func(ctx context.Context) error {
-		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, p.lease, req.Owner, p.value, p.hold, p.hold},
+		first := firstToken(b.floor.Load())
+		_, err := b.queryRow(ctx, b.acquireSQL, []any{req.Key, first, p.lease, req.Owner, p.value, p.hold, p.hold},
 			&r.token, &r.held, &r.deadline, &r.owner, &r.value, &r.now, &r.kept)
+		if isFloorRace(err) {
+			if ferr := b.readFloor(ctx); ferr != nil {
+				return ferr
+			}
+		}
 		return err
 	})
 	if err != nil {
 		return sqllock.Lease{}, err
 	}
 	return acquired(req, r)
+}
+
+// firstToken is a key's first token above floor: floor + 1, or floor at
+// the largest token (firstSQL's rule), where migration 00005's check
+// refuses the row (ErrTokenExhausted) and an existing key's acquire, which
+// never uses it, still works.
+func firstToken(floor int64) int64 {
+	if floor < math.MaxInt64 {
+		return floor + 1
+	}
+	return floor
+}
+
+// readFloor reads the newest committed floor of reaped keys into b.floor,
+// which never goes down.
+func (b *Backend) readFloor(ctx context.Context) error {
+	var f int64
+	if _, err := b.queryRow(ctx, b.floorSQL, nil, &f); err != nil {
+		return err
+	}
+	for {
+		cur := b.floor.Load()
+		if f <= cur || b.floor.CompareAndSwap(cur, f) {
+			return nil
+		}
+	}
 }
 
 // acquired is req's answer from its row after the statement: the single

@@ -78,8 +78,10 @@
 //
 // Rows are deleted only by [Backend.Reap] (a trigger refuses any other
 // DELETE and REPLACE, and raises a table-wide floor past each deleted
-// token; a key's first row takes the floor + 1, and a trigger refuses a
-// first row at or below it), and a trigger refuses an UPDATE that lowers
+// token; a key's first row takes the floor + 1 as the Backend last read
+// it, and a trigger refuses a first row at or below the newest floor,
+// which makes the Backend read it again and resend), and a trigger
+// refuses an UPDATE that lowers
 // a token or renames a key. The
 // token's increment fails at the largest BIGINT whatever the sql_mode
 // ([sqllock.ErrTokenExhausted]). TRUNCATE and DROP fire no triggers:

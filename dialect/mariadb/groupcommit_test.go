@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 	"github.com/ashlock/ashlock/sqllock/backendtest"
 )
@@ -27,7 +28,10 @@ import (
 
 // coalesceAlways makes b coalesce every acquire (release) that arrives
 // while one is in flight.
-func coalesceAlways(b *Backend) { b.acquireQ.limit, b.releaseQ.limit = 1, 1 }
+func coalesceAlways(b *Backend) {
+	b.acquireQ.limit, b.releaseQ.limit = 1, 1
+	b.acquireQ.calls, b.releaseQ.calls = 0, 0
+}
 
 func holdQueue(b *Backend) { holdQ(b.acquireQ) }
 
@@ -35,6 +39,7 @@ func holdQ[Req, Res any](q *gcQueue[Req, Res]) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.inFlight = q.limit
+	q.calls = 0
 }
 
 // waitQueued waits until n acquires are queued in b.
@@ -743,4 +748,51 @@ func TestGroupCommitReleaseLostReply(t *testing.T) {
 	for _, l := range leases {
 		require.NoError(t, b.Release(ctx, l), "repeating a release that was applied is harmless")
 	}
+}
+
+// Up to calls outstanding calls of a kind are each sent alone at once,
+// however many statements are in flight (group commit engages only when
+// more are waiting: few-member batches lost to single statements); the
+// next one queues for a batch. No database: the single statements block
+// until the test lets them end.
+func TestGroupCommitEngagesOnlyBeyondCalls(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var singles atomic.Int64
+	q := &gcQueue[int, int]{limit: 1, calls: 3, send: func(_ context.Context, ms []*gcMember[int, int]) {
+		for _, m := range ms {
+			m.res = m.req
+		}
+	}}
+	single := func(req int) func(context.Context) (int, error) {
+		return func(context.Context) (int, error) {
+			singles.Add(1)
+			<-release
+			return req, nil
+		}
+	}
+	var wg sync.WaitGroup
+	call := func(i int) {
+		defer wg.Done()
+		res, err := q.do(testCtx(t), fmt.Sprint("k", i), i, single(i), outcome.Acquire)
+		if err != nil || res != i {
+			t.Errorf("call %d: %d, %v", i, res, err)
+		}
+	}
+	for i := range 3 {
+		wg.Add(1)
+		go call(i)
+	}
+	require.Eventually(t, func() bool { return singles.Load() == 3 }, 10*time.Second, time.Millisecond,
+		"3 outstanding calls did not all go alone")
+	for i := 3; i < 5; i++ {
+		wg.Add(1)
+		go call(i)
+	}
+	waitQ(t, q, 2)
+	require.EqualValues(t, 3, singles.Load(), "a fourth call went alone")
+	close(release)
+	wg.Wait()
+	require.EqualValues(t, 1, q.batches.Load(), "the queued calls went as one batch")
+	require.EqualValues(t, 3, singles.Load())
 }

@@ -35,14 +35,28 @@ const (
 	// the package doc).
 	stmtPrefix = `SET STATEMENT innodb_lock_wait_timeout = {{lockwait}} FOR `
 
-	// acquireSQL: ?1 key, ?2 lease in µs (the longer of TTL and MinHold),
-	// ?3 owner, ?4 value (NULL for none), ?5 and ?6 the min hold in µs (0
-	// for none). One INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING: a
-	// new key is inserted with token 1; an existing one is updated in
-	// place, and RETURNING gives the row as it is after the statement,
-	// granted or not, so a refusal names the holder from the same round
-	// trip. A new key's first token is firstSQL (above the floor of reaped
-	// keys); an existing key's goes on from its own (token + 1).
+	// acquireSQL: ?1 key, ?2 a first token (see below), ?3 lease in µs
+	// (the longer of TTL and MinHold), ?4 owner, ?5 value (NULL for none),
+	// ?6 and ?7 the min hold in µs (0 for none). One INSERT ... ON
+	// DUPLICATE KEY UPDATE ... RETURNING: a key without a row is inserted
+	// with token ?2; an existing one is updated in place, and RETURNING
+	// gives the row as it is after the statement, granted or not, so a
+	// refusal names the holder from the same round trip. An existing key's
+	// token goes on from its own (token + 1).
+	//
+	// ?2 is the floor of reaped keys + 1 as this Backend last read it
+	// (Backend.floor; firstToken), not firstSQL: a subquery on the floor
+	// table in every acquire, which nearly always takes the update path
+	// and never uses it, cost about a fifth of the server's CPU per
+	// acquire and release pair (bench/, docs/mariadb.md). Migration
+	// 00005's check, not this value, keeps a first token above the floor:
+	// it reads the newest committed floor with a lock after the row is in,
+	// and refuses a first row at or below it (SQLSTATE 40001), which the
+	// Backend answers by reading the floor again and resending
+	// (tryAcquire): a floor raised since this Backend read it costs one
+	// refused statement and one read, once per raise. A cached floor is
+	// never above the table's (floors only rise), so ?2 never skips more
+	// tokens than firstSQL would.
 	//
 	// The trap: MariaDB runs the ON DUPLICATE KEY UPDATE assignments left
 	// to right, and each one sees the columns assigned before it with their
@@ -75,7 +89,7 @@ const (
 	// the largest token, with a warning, granting the same token again.
 	acquireSQL = `
 INSERT INTO {{table}} (` + "`key`" + `, token, held, deadline, owner, value, hold_until)
-VALUES (?, {{first}}, 1, {{now}} + INTERVAL ? MICROSECOND, ?, ?, IF(? > 0, {{now}} + INTERVAL ? MICROSECOND, NULL))
+VALUES (?, ?, 1, {{now}} + INTERVAL ? MICROSECOND, ?, ?, IF(? > 0, {{now}} + INTERVAL ? MICROSECOND, NULL))
 ON DUPLICATE KEY UPDATE
 	token      = token + IF(LAST_INSERT_ID(IF({{free}}, 3, 2 * (held AND deadline > {{now}} AND owner = VALUES(owner)))) & 1, 1, 0),
 	deadline   = IF(LAST_INSERT_ID() & 2,
@@ -86,21 +100,26 @@ ON DUPLICATE KEY UPDATE
 	held       = IF(LAST_INSERT_ID() & 2, 1, held)
 RETURNING token, held, {{us deadline}}, owner, value, {{us {{now}}}}, COALESCE(hold_until > {{now}}, 0)`
 
-	// firstSQL: a key's first token (no row: new, or reaped), the floor +
-	// 1, read from the statement's snapshot (no lock: every acquire
-	// computes it, also one that takes the update path). Migration 00005's
-	// trigger checks an inserted row against the newest committed floor,
-	// with a lock, and fails the statement with SQLSTATE 40001 when a reap
+	// firstSQL: a key's first token (no row: new, or reaped) in a batch
+	// (acquireBatchSQL), the floor + 1, read from the statement's snapshot
+	// (no lock: once per batch statement). Migration 00005's trigger
+	// checks an inserted row against the newest committed floor, with a
+	// lock, and fails the statement with SQLSTATE 40001 when a reap
 	// committed meanwhile; the backend sends it again (docs/key-reaping.md).
 	// At the largest token it stays there, so that the acquire of an
 	// existing key never fails on the floor's + 1; the trigger then refuses
-	// the first row (error 1690, ErrTokenExhausted).
+	// the first row (error 1690, ErrTokenExhausted). firstToken is the
+	// same rule for the single acquire's ?2.
 	firstSQL = `(SELECT IF(floor < 9223372036854775807, floor + 1, floor) FROM {{floor}} WHERE id = 1)`
 
 	// freeSQL: the key may be granted to a new tenure: its lease expired,
 	// or it was released and is past its minimum hold (a release inside
 	// it set the deadline to hold_until).
 	freeSQL = `(deadline <= {{now}} OR (NOT held AND COALESCE(hold_until, '1970-01-01') <= {{now}}))`
+
+	// floorSQL reads the floor of reaped keys: the newest committed one
+	// (autocommit, READ COMMITTED), after a first row the floor refused.
+	floorSQL = `SELECT floor FROM {{floor}} WHERE id = 1`
 
 	// reapableSQL: a key whose lease ended (released or expired) at least
 	// ? µs ago by the database clock: a grant or renewal moves the deadline

@@ -15,7 +15,7 @@ import (
 
 // previousAcquireSQL is the acquire of the release before reaping: a key
 // without a row is inserted with token 1 (the floor did not exist).
-var previousAcquireSQL = strings.Replace(acquireSQL, "{{first}}", "1", 1)
+var previousAcquireSQL = strings.Replace(acquireSQL, "\nVALUES (?, ?, 1, ", "\nVALUES (?, 1, 1, ", 1)
 
 // TestUpgradeToReapingKeepsLeases: a table at migration 00003 whose leases
 // the previous release holds (one held, one ended long ago) is upgraded
@@ -30,6 +30,7 @@ func TestUpgradeToReapingKeepsLeases(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	db := mariatest.DB(t)
+	require.NotEqual(t, acquireSQL, previousAcquireSQL, "acquireSQL lost the shape previousAcquireSQL is made from")
 	p, err := migrations.NewProvider(migrations.MariaDB, db, migrations.Options{})
 	require.NoError(t, err)
 	_, err = p.UpTo(ctx, 3)
@@ -106,6 +107,7 @@ func TestMigrationsDownBeforeAnyReap(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	db := mariatest.DB(t)
+	require.NotEqual(t, acquireSQL, previousAcquireSQL, "acquireSQL lost the shape previousAcquireSQL is made from")
 	p, err := migrations.NewProvider(migrations.MariaDB, db, migrations.Options{})
 	require.NoError(t, err)
 	_, err = p.Up(ctx)
