@@ -2,6 +2,7 @@ package mariadb
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,27 +53,15 @@ func (b *Backend) TryRenewBatch(ctx context.Context, reqs []sqllock.RenewRequest
 	var now int64
 	err = b.run(ctx, outcome.Renew, reqs[0].Lease.Key, func(ctx context.Context) error {
 		clear(rows)
-		s, err := b.stmt(ctx, b.renewBatchSQL)
-		if err != nil {
-			return err
-		}
-		rs, err := s.QueryContext(ctx, string(arg))
-		if err != nil {
-			return err
-		}
-		defer rs.Close()
-		for rs.Next() {
+		return b.queryEach(ctx, b.renewBatchSQL, []any{string(arg)}, func(rs *sql.Rows) error {
 			var key string
 			var r row
 			if err := rs.Scan(&key, &r.token, &r.held, &r.deadline, &r.now); err != nil {
 				return err
 			}
 			rows[key], now = r, r.now
-		}
-		if err := rs.Err(); err != nil {
-			return err
-		}
-		return rs.Close()
+			return nil
+		})
 	})
 	if err != nil {
 		if !errors.Is(err, sqllock.ErrUnavailable) && !errors.Is(err, sqllock.ErrSchemaMissing) {

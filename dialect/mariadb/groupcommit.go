@@ -2,6 +2,7 @@ package mariadb
 
 import (
 	"context"
+	"database/sql"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -302,16 +303,7 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 	err = b.run(ctx, outcome.Acquire, members[0].key, func(ctx context.Context) (err error) {
 		defer func() { sent = err }()
 		clear(rows)
-		s, err := b.stmt(ctx, b.acquireBatchSQL)
-		if err != nil {
-			return err
-		}
-		rs, err := s.QueryContext(ctx, string(arg))
-		if err != nil {
-			return err
-		}
-		defer rs.Close()
-		for rs.Next() {
+		return b.queryEach(ctx, b.acquireBatchSQL, []any{string(arg)}, func(rs *sql.Rows) error {
 			var key string
 			var r acquireRow
 			if err := rs.Scan(&key, &r.token, &r.held, &r.deadline, &r.owner, &r.value, &r.now, &r.kept); err != nil {
@@ -322,11 +314,8 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 				return fmt.Errorf("sqllock/mariadb: batch acquire returned an unknown key %q", key)
 			}
 			rows[m] = r
-		}
-		if err := rs.Err(); err != nil {
-			return err
-		}
-		return rs.Close()
+			return nil
+		})
 	})
 	if err != nil {
 		batchFailed(ctx, outcome.Acquire, members, err, sent)
@@ -367,16 +356,7 @@ func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 	err = b.run(ctx, outcome.Release, members[0].key, func(ctx context.Context) (err error) {
 		defer func() { sent = err }()
 		clear(rows)
-		s, err := b.stmt(ctx, b.releaseBatchSQL)
-		if err != nil {
-			return err
-		}
-		rs, err := s.QueryContext(ctx, string(arg))
-		if err != nil {
-			return err
-		}
-		defer rs.Close()
-		for rs.Next() {
+		return b.queryEach(ctx, b.releaseBatchSQL, []any{string(arg)}, func(rs *sql.Rows) error {
 			var key string
 			r := releaseResult{found: true}
 			if err := rs.Scan(&key, &r.token, &r.held, &r.owner, &r.deadline, &r.now, &r.cleared, &r.expired); err != nil {
@@ -387,11 +367,8 @@ func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 				return fmt.Errorf("sqllock/mariadb: batch release returned an unknown key %q", key)
 			}
 			rows[m] = r
-		}
-		if err := rs.Err(); err != nil {
-			return err
-		}
-		return rs.Close()
+			return nil
+		})
 	})
 	if err != nil {
 		batchFailed(ctx, outcome.Release, members, err, sent)

@@ -87,3 +87,27 @@ func (b *Backend) queryRow(ctx context.Context, query string, args []any, dest .
 	}
 	return found, rows.Close()
 }
+
+// queryEach runs query (prepared) with args and calls scan on each row
+// of its reply, stopping at the first error: the batch statements'
+// (acquire, release, renewal) one way of reading their rows.
+func (b *Backend) queryEach(ctx context.Context, query string, args []any, scan func(*sql.Rows) error) error {
+	s, err := b.stmt(ctx, query)
+	if err != nil {
+		return err
+	}
+	rows, err := s.QueryContext(ctx, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return rows.Close()
+}
