@@ -1,0 +1,3 @@
+module mutantschema
+
+go 1.26.0
