@@ -97,11 +97,39 @@ type result struct {
 // type and name), everything else (and the header: package clause and
 // imports) as text in order.
 type parsed struct {
-	src   []byte
-	fset  *token.FileSet
-	file  *ast.File
-	funcs map[string]*ast.FuncDecl
-	other []string
+	src    []byte
+	fset   *token.FileSet
+	file   *ast.File
+	funcs  map[string]*ast.FuncDecl
+	consts map[string]*ast.ValueSpec // string constants a mutant may change (see constSpec)
+	other  []string
+}
+
+// constSpec reports whether s is a constant the schema can switch: one
+// name, a value of string literals (a SQL statement, mostly). The schema keeps it
+// as a constant, renamed, and makes the name a variable that holds the
+// original or a mutant's text; a package that uses it where only a
+// constant will do does not build with the schema, and its mutants are
+// built alone.
+func constSpec(tok token.Token, s ast.Spec) (*ast.ValueSpec, bool) {
+	v, ok := s.(*ast.ValueSpec)
+	if tok != token.CONST || !ok || len(v.Names) != 1 || len(v.Values) != 1 || v.Names[0].Name == "_" {
+		return nil, false
+	}
+	return v, stringLits(v.Values[0])
+}
+
+// stringLits reports whether e is string literals joined by +.
+func stringLits(e ast.Expr) bool {
+	switch e := e.(type) {
+	case *ast.BasicLit:
+		return e.Kind == token.STRING
+	case *ast.ParenExpr:
+		return stringLits(e.X)
+	case *ast.BinaryExpr:
+		return e.Op == token.ADD && stringLits(e.X) && stringLits(e.Y)
+	}
+	return false
 }
 
 func parse(path string, src []byte) (*parsed, error) {
@@ -110,7 +138,7 @@ func parse(path string, src []byte) (*parsed, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &parsed{src: src, fset: fset, file: f, funcs: map[string]*ast.FuncDecl{}}
+	p := &parsed{src: src, fset: fset, file: f, funcs: map[string]*ast.FuncDecl{}, consts: map[string]*ast.ValueSpec{}}
 	p.other = append(p.other, "package "+f.Name.Name)
 	for _, d := range f.Decls {
 		switch d := d.(type) {
@@ -123,6 +151,20 @@ func parse(path string, src []byte) (*parsed, error) {
 				}
 			}
 			p.funcs[k] = d
+		case *ast.GenDecl:
+			// The declaration's text, each switchable constant's spec
+			// replaced by its name: a mutant may change those alone.
+			t, last := "", p.off(d.Pos())
+			for _, sp := range d.Specs {
+				v, ok := constSpec(d.Tok, sp)
+				if !ok {
+					continue
+				}
+				p.consts[v.Names[0].Name] = v
+				t += string(p.src[last:p.off(v.Pos())]) + "<const " + v.Names[0].Name + ">"
+				last = p.off(v.End())
+			}
+			p.other = append(p.other, t+string(p.src[last:p.off(d.End())]))
 		default:
 			p.other = append(p.other, p.text(d))
 		}
@@ -167,7 +209,8 @@ func schema(path string, orig []byte, ms []mutant, id string) (*result, error) {
 		return nil, err
 	}
 	res := &result{src: orig, refused: map[string]string{}}
-	variants := map[string][]variant{} // function key -> mutants' versions
+	variants := map[string][]variant{}      // function key -> mutants' versions
+	constVariants := map[string][]variant{} // constant -> mutants' values
 	n := 0
 	for _, m := range ms {
 		if !regexp.MustCompile(`^[A-Za-z0-9_./-]+$`).MatchString(m.name) {
@@ -207,7 +250,22 @@ func schema(path string, orig []byte, ms []mutant, id string) (*result, error) {
 		if why == "" && len(mp.funcs) != len(o.funcs) {
 			why = "adds or removes a function"
 		}
-		if why == "" && len(changed) == 0 {
+		var changedConsts []string
+		for k, v := range mp.consts {
+			ov, ok := o.consts[k]
+			if !ok {
+				why = "adds a constant"
+				break
+			}
+			if o.text(ov) == mp.text(v) {
+				continue
+			}
+			if (v.Type == nil) != (ov.Type == nil) || v.Type != nil && mp.text(v.Type) != o.text(ov.Type) {
+				why = "changes a constant's type"
+			}
+			changedConsts = append(changedConsts, k)
+		}
+		if why == "" && len(changed)+len(changedConsts) == 0 {
 			why = "changes no function"
 		}
 		if why != "" {
@@ -223,8 +281,12 @@ func schema(path string, orig []byte, ms []mutant, id string) (*result, error) {
 				string(mp.src[mp.off(fd.Name.End()):mp.off(fd.End())])
 			variants[k] = append(variants[k], variant{mutant: m.name, n: n, text: t})
 		}
+		slices.Sort(changedConsts)
+		for _, k := range changedConsts {
+			constVariants[k] = append(constVariants[k], variant{mutant: m.name, text: mp.text(mp.consts[k].Values[0])})
+		}
 	}
-	if len(variants) == 0 {
+	if len(variants)+len(constVariants) == 0 {
 		return res, nil
 	}
 
@@ -243,6 +305,15 @@ func schema(path string, orig []byte, ms []mutant, id string) (*result, error) {
 	for _, k := range keys {
 		fd := o.funcs[k]
 		edits = append(edits, edit{at: o.off(fd.Name.Pos()), end: o.off(fd.Name.End()), s: fd.Name.Name + "_mutant0"})
+	}
+	ckeys := make([]string, 0, len(constVariants))
+	for k := range constVariants {
+		ckeys = append(ckeys, k)
+	}
+	slices.Sort(ckeys)
+	for _, k := range ckeys {
+		id := o.consts[k].Names[0]
+		edits = append(edits, edit{at: o.off(id.Pos()), end: o.off(id.End()), s: id.Name + "_mutant0"})
 	}
 	slices.SortFunc(edits, func(a, b edit) int { return a.at - b.at })
 	var b bytes.Buffer
@@ -281,6 +352,17 @@ func schema(path string, orig []byte, ms []mutant, id string) (*result, error) {
 			b.WriteString("\n" + v.text + "\n")
 		}
 		b.WriteString("\n" + dispatcher(o, o.funcs[k], variants[k], sel) + "\n")
+	}
+	for _, k := range ckeys {
+		typ := "string"
+		if t := o.consts[k].Type; t != nil {
+			typ = o.text(t)
+		}
+		fmt.Fprintf(&b, "\nvar %s = func() %s {\n\tswitch %s {\n", k, typ, sel)
+		for _, v := range constVariants[k] {
+			fmt.Fprintf(&b, "\tcase %q:\n\t\treturn %s\n", v.mutant, v.text)
+		}
+		fmt.Fprintf(&b, "\t}\n\treturn %s_mutant0\n}()\n", k)
 	}
 	res.src = b.Bytes()
 	return res, nil

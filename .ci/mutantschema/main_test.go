@@ -20,6 +20,11 @@ import (
 
 type box[T any] struct{ v T }
 
+const (
+	greeting = "h" + ("i")
+	width    = 2
+)
+
 func (b *box[T]) get() T { return b.v }
 
 type counter int
@@ -42,18 +47,20 @@ func main() {
 	say(b.get())
 	fmt.Println(counter(0).add(9, 1, 2, 3))
 	fmt.Println(first([]int{7, 8}))
-	fmt.Println(strings.Repeat("-", 2), len(os.Args) > 0)
+	fmt.Println(strings.Repeat("-", width), len(os.Args) > 0)
+	say(greeting)
 }
 `
 
 func TestSchemaSwitchesEachMutant(t *testing.T) {
 	dir := t.TempDir()
 	mutants := []struct{ name, from, to, want string }{
-		{"", "", "", "box\n6\n7\n-- true\n"},
-		{"m/sum", "sum += x", "sum -= x", "box\n-6\n7\n-- true\n"},
-		{"m/first", "return xs[0]", "return xs[1]", "box\n6\n8\n-- true\n"},
-		{"m/get", "return b.v }", "var z T; return z }", "\n6\n7\n-- true\n"},
-		{"m/say", "fmt.Println(s)", "fmt.Println(s, s)", "box box\n6\n7\n-- true\n"},
+		{"", "", "", "box\n6\n7\n-- true\nhi\n"},
+		{"m/sum", "sum += x", "sum -= x", "box\n-6\n7\n-- true\nhi\n"},
+		{"m/first", "return xs[0]", "return xs[1]", "box\n6\n8\n-- true\nhi\n"},
+		{"m/get", "return b.v }", "var z T; return z }", "\n6\n7\n-- true\nhi\n"},
+		{"m/greeting", `("i")`, `("o")`, "box\n6\n7\n-- true\nho\n"},
+		{"m/say", "fmt.Println(s)", "fmt.Println(s, s)", "box box\n6\n7\n-- true\nhi hi\n"},
 	}
 	var ms []mutant
 	for _, m := range mutants[1:] {
@@ -67,6 +74,7 @@ func TestSchemaSwitchesEachMutant(t *testing.T) {
 		{name: "r/import", src: []byte(strings.Replace(orig, `"strings"`, `"strings"; "sort"`, 1))},
 		{name: "r/added", src: []byte(orig + "\nfunc extra() {}\n")},
 		{name: "r/parse", src: []byte(strings.Replace(orig, "func main() {", "func main() {{", 1))},
+		{name: "r/width", src: []byte(strings.Replace(orig, "width    = 2", "width    = 3", 1))},
 		{name: "r/none", src: []byte(orig + "\n// a comment\n")},
 	}
 	res, err := schema("main.go", []byte(orig), append(ms, bad...), "x")
