@@ -332,7 +332,7 @@ func schema(path string, orig []byte, ms []mutant, id string) (*result, error) {
 			names = append(names, fmt.Sprintf("%q", m.name))
 		}
 	}
-	fmt.Fprintf(&b, "\n\n// The mutants of this file (see .ci/mutantschema).\n"+
+	fmt.Fprintf(&b, "\n\n// The mutants of this file (see internal/mutantschema).\n"+
 		"var %s = func() string {\n"+
 		"\tv := sqllockmutantos.Getenv(\"SQLLOCK_MUTANT_GO\")\n"+
 		"\tswitch v {\n"+

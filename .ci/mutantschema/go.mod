@@ -1,3 +1,0 @@
-module mutantschema
-
-go 1.26.0
