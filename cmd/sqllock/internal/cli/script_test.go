@@ -211,6 +211,14 @@ func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.
 		RequireUniqueNames:  true,
 		Setup: func(e *testscript.Env) error {
 			e.Setenv("HOME", filepath.Join(e.WorkDir, "home"))
+			// The mutation check (.ci/mutants) names the mutant to switch
+			// on in these; testscript starts each command with an
+			// environment of its own.
+			for _, k := range []string{"SQLLOCK_MUTANT_GO", "SQLLOCK_MUTANT_GO_REPORT"} {
+				if v, ok := os.LookupEnv(k); ok {
+					e.Setenv(k, v)
+				}
+			}
 			e.Values[scriptT{}] = e.T()
 			return setup(e)
 		},
