@@ -45,6 +45,9 @@ import (
 //go:embed postgres/*.sql sqlite/*.sql mariadb/*.sql
 var embedded embed.FS
 
+// readEmbedded reads a migration's template (see migrations_mutants.go).
+var readEmbedded = embedded.ReadFile
+
 // Dialect names a supported database.
 type Dialect string
 
@@ -192,7 +195,7 @@ func FS(d Dialect, o Options) (fs.FS, error) {
 	}
 	out := fstest.MapFS{}
 	for _, name := range names {
-		src, err := embedded.ReadFile(name)
+		src, err := readEmbedded(name)
 		if err != nil {
 			return nil, err
 		}

@@ -3,13 +3,15 @@
 // building a binary for each such mutant: a dialect's statements are
 // text/templates embedded at build time, and in builds with the
 // sqllock_mutants tag (never a user's) the dialect hands them to [Plant]
-// once, at init.
+// once, at init; package migrations reads its embedded files through
+// [ReadFile].
 package mutantsql
 
 import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"text/template"
 )
 
@@ -43,4 +45,25 @@ func Plant(t *template.Template, dir string) *template.Template {
 	template.Must(t.New(name).Parse(string(text)))
 	fmt.Fprintf(os.Stderr, "mutantsql: planted %s\n", file)
 	return t
+}
+
+// ReadFile returns read, except that the file Env names, when it is one
+// of dir's (the embedded tree's root in the repository, as "migrations";
+// read takes names below it, as "sqlite/00005_reap.sql"), is read from
+// its replacement. The first such read says so on standard error, as
+// Plant does. A replacement that cannot be read is an error of the read.
+func ReadFile(dir string, read func(name string) ([]byte, error)) func(name string) ([]byte, error) {
+	file, path, ok := strings.Cut(os.Getenv(Env), "=")
+	if !ok || !strings.HasPrefix(file, dir+"/") {
+		return read
+	}
+	name := strings.TrimPrefix(file, dir+"/")
+	var once sync.Once
+	return func(n string) ([]byte, error) {
+		if n != name {
+			return read(n)
+		}
+		once.Do(func() { fmt.Fprintf(os.Stderr, "mutantsql: planted %s\n", file) })
+		return os.ReadFile(path)
+	}
 }

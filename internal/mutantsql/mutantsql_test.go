@@ -58,3 +58,24 @@ func TestPlantUnknownStatementPanics(t *testing.T) {
 	}()
 	Plant(parse(t), "dialect/x/queries")
 }
+
+func TestReadFileReadsTheReplacementOfTheNamedFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m")
+	if err := os.WriteFile(path, []byte("mutated"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	embedded := func(n string) ([]byte, error) { return []byte("embedded " + n), nil }
+	t.Setenv(Env, "migrations/sqlite/2.sql="+path)
+	read := ReadFile("migrations", embedded)
+	for n, want := range map[string]string{"sqlite/2.sql": "mutated", "sqlite/1.sql": "embedded sqlite/1.sql", "postgres/2.sql": "embedded postgres/2.sql"} {
+		if b, err := read(n); err != nil || string(b) != want {
+			t.Errorf("read(%q) = %q, %v; want %q", n, b, err, want)
+		}
+	}
+	for _, env := range []string{"dialect/sqlite/queries/2.sql=" + path, ""} {
+		t.Setenv(Env, env)
+		if b, _ := ReadFile("migrations", embedded)("sqlite/2.sql"); string(b) != "embedded sqlite/2.sql" {
+			t.Errorf("with %s=%q: read %q, want the embedded file", Env, env, b)
+		}
+	}
+}
