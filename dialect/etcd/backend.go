@@ -41,8 +41,8 @@ type Backend struct {
 	warmWG  sync.WaitGroup        // the warm goroutines
 	watch   watches
 	ka      keepAlives
-	acq     txnGroup // group commit of grants
-	rel     txnGroup // group commit of releases
+	acq     *txnGroup // group commit of grants
+	rel     *txnGroup // group commit of releases
 	// permitsInFlight counts the permit acquires in flight; a chain takes
 	// permitSpare candidates more (see permitChainLen; tests raise it).
 	permitsInFlight atomic.Int64
@@ -74,8 +74,8 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 	b := &Backend{cli: cli, prefix: prefix, maxOps: cmp.Or(opts.MaxTxnOps, DefaultMaxTxnOps), seen: make(map[string]seenRecord),
 		spares: make(map[int64][]spare), granted: make(map[int64]int64), warming: make(map[int64]bool), warmTo: warmSpares,
 		permitSpare: permitSpare}
-	b.acq = txnGroup{op: outcome.Acquire, width: 4} // a first grant's 4 compares
-	b.rel = txnGroup{op: outcome.Release, width: 2}
+	b.acq = b.newGroup(outcome.Acquire, 4) // a first grant's 4 compares
+	b.rel = b.newGroup(outcome.Release, 2)
 	b.watch.b = b
 	b.ka.cli = cli
 	return b, nil
@@ -198,7 +198,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 			// Without a min hold, a grant may share a transaction with
 			// others (see txnGroup).
 			var o groupOutcome
-			resp, o, err = b.viaGroup(ctx, &b.acq, req.Key, clientv3.OpTxn(cmps, puts, nil), 4*len(b.tokenKey(req.Key))+len(rec)+64, grantTxn)
+			resp, o, err = b.viaGroup(ctx, b.acq, req.Key, clientv3.OpTxn(cmps, puts, nil), 4*len(b.tokenKey(req.Key))+len(rec)+64, grantTxn)
 			switch {
 			case o.err != nil:
 				return sqllock.Lease{}, o.err
@@ -398,7 +398,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 		resp, err = b.releaseTxn(ctx, l, string(rel), true)
 	case flat:
 		var o groupOutcome
-		resp, o, err = b.viaGroup(ctx, &b.rel, l.Key, b.releaseOp(l, string(rel)), 4*len(b.holderKey(l.Key))+len(rel)+64,
+		resp, o, err = b.viaGroup(ctx, b.rel, l.Key, b.releaseOp(l, string(rel)), 4*len(b.holderKey(l.Key))+len(rel)+64,
 			func() (*clientv3.TxnResponse, error) { return b.releaseTxn(ctx, l, string(rel), true) })
 		switch {
 		case o.err != nil:

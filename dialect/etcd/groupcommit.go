@@ -3,12 +3,11 @@ package etcd
 import (
 	"context"
 	"errors"
-	"slices"
-	"sync"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ashlock/ashlock/internal/groupcommit"
 	"github.com/ashlock/ashlock/internal/outcome"
 )
 
@@ -43,13 +42,19 @@ import (
 //     refused, or that never reached it, applied nothing: each member is
 //     sent again alone;
 //   - a queue of one is sent alone: a nested transaction costs etcd more.
-type txnGroup struct {
-	op    outcome.Op
-	width int // operations of a member's nested transaction, as etcd counts them
+//
+// The queue (who goes alone, who waits, the hand-off, a member that
+// leaves) is internal/groupcommit's, which PostgreSQL and MariaDB share;
+// this file is what etcd sends for a batch and how it reads the reply.
+type txnGroup = groupcommit.Queue[clientv3.Op, groupOutcome]
 
-	mu       sync.Mutex // guards inFlight, queue
-	inFlight int
-	queue    []*groupCall
+// newGroup returns the group of operation o, whose member's nested
+// transaction counts width operations against MaxTxnOps.
+func (b *Backend) newGroup(o outcome.Op, width int) *txnGroup {
+	return &txnGroup{Limit: groupInFlight, MaxMembers: b.maxOps - width, MaxSize: maxBatchBytes, Parent: b.cli.Ctx,
+		Send:     func(ctx context.Context, batch []*groupMember) { sendBatch(ctx, b.cli, o, batch) },
+		NotSent:  func(key string, err error) error { return notSent(o, key, err) },
+		InFlight: func(key string, err error) error { return etc.InFlight(o, key, true, err) }}
 }
 
 // groupInFlight is how many calls of a kind (single or batches) a Backend
@@ -63,38 +68,12 @@ const groupInFlight = 4
 // --max-request-bytes (1.5 MiB), with room for the envelope.
 const maxBatchBytes = 1 << 20
 
-// groupCall is one queued call.
-type groupCall struct {
-	ctx  context.Context
-	key  string
-	op   clientv3.Op       // its nested transaction
-	size int               // about the bytes op adds to a request
-	done chan groupOutcome // buffered: a batch never waits for a caller gone
-	b    *groupBatch       // set when taken into a batch, under txnGroup.mu
-}
-
-// groupBatch is a batch in flight: its context, cancelled when every
-// member has left.
-type groupBatch struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	mu     sync.Mutex // guards left
-	left   int
-	n      int
-}
-
-func (gb *groupBatch) leave() {
-	gb.mu.Lock()
-	defer gb.mu.Unlock()
-	gb.left++
-	if gb.left == gb.n {
-		gb.cancel()
-	}
-}
+// groupMember is one queued call: its nested transaction.
+type groupMember = groupcommit.Member[clientv3.Op, groupOutcome]
 
 // groupOutcome is what a queued call learns of its batch: an error
-// (translated), or its nested transaction's response when it succeeded,
-// with the batch's revision; neither: send it alone.
+// (translated, from viaGroup), or its nested transaction's response when
+// it succeeded, with the batch's revision; neither: it was sent alone.
 type groupOutcome struct {
 	err error
 	tr  *etcdserverpb.TxnResponse
@@ -103,126 +82,46 @@ type groupOutcome struct {
 
 // viaGroup sends a call of g's kind for key: single, its single
 // transaction, when sent alone (its response or error, untranslated,
-// returned), else op, its nested form, in a batch (the batch's outcome
-// returned, with a nil error).
+// returned), else op, its nested form, about size bytes of request, in a
+// batch (the batch's outcome returned, with a nil error).
 func (b *Backend) viaGroup(ctx context.Context, g *txnGroup, key string, op clientv3.Op, size int, single func() (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, groupOutcome, error) {
-	g.mu.Lock()
-	if g.inFlight < groupInFlight {
-		g.inFlight++
-		g.mu.Unlock()
-		resp, err := single()
-		b.handOff(g)
-		return resp, groupOutcome{}, err
+	var resp *clientv3.TxnResponse
+	var err error
+	o, gerr := g.Do(ctx, key, size, op, func(context.Context) (groupOutcome, error) {
+		resp, err = single()
+		return groupOutcome{}, nil
+	})
+	switch {
+	case gerr != nil:
+		return nil, groupOutcome{err: gerr}, nil
+	case o.tr != nil:
+		return nil, o, nil
 	}
-	c := &groupCall{ctx: ctx, key: key, op: op, size: size, done: make(chan groupOutcome, 1)}
-	g.queue = append(g.queue, c)
-	g.mu.Unlock()
-	var o groupOutcome
-	select {
-	case o = <-c.done:
-	case <-ctx.Done():
-		g.mu.Lock()
-		if i := slices.Index(g.queue, c); i >= 0 {
-			g.queue = slices.Delete(g.queue, i, i+1)
-			g.mu.Unlock()
-			return nil, groupOutcome{err: notSent(g.op, key, ctx.Err())}, nil
-		}
-		gb := c.b
-		g.mu.Unlock()
-		select {
-		case o = <-c.done:
-		default:
-			gb.leave()
-			return nil, groupOutcome{err: etc.InFlight(g.op, key, true, ctx.Err())}, nil
-		}
-	}
-	if o.tr == nil && o.err == nil {
-		resp, err := single()
-		return resp, groupOutcome{}, err
-	}
-	return nil, o, nil
+	return resp, groupOutcome{}, err
 }
 
-// handOff ends a call's turn in flight: the queue, if any, goes to a
-// goroutine that sends it in batches, in that turn.
-func (b *Backend) handOff(g *txnGroup) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if len(g.queue) == 0 {
-		g.inFlight--
-		return
-	}
-	go b.drain(g)
-}
-
-// drain sends g's queue in batches until none is left.
-func (b *Backend) drain(g *txnGroup) {
-	for {
-		g.mu.Lock()
-		batch := b.takeBatch(g)
-		if len(batch) == 0 {
-			g.inFlight--
-			g.mu.Unlock()
-			return
-		}
-		g.mu.Unlock()
-		b.sendBatch(g, batch)
-	}
-}
-
-// takeBatch takes the next batch from g's queue: in queue order, one call
-// per key, within MaxTxnOps and maxBatchBytes. g.mu is held.
-func (b *Backend) takeBatch(g *txnGroup) []*groupCall {
-	keys := make(map[string]bool)
-	var batch, rest []*groupCall
-	size := 0
-	for _, c := range g.queue {
-		if keys[c.key] || len(batch) >= b.maxOps-g.width || size+c.size > maxBatchBytes {
-			rest = append(rest, c)
-			continue
-		}
-		keys[c.key] = true
-		size += c.size
-		batch = append(batch, c)
-	}
-	g.queue = rest
-	if len(batch) > 0 {
-		ctx, cancel := context.WithCancel(b.cli.Ctx())
-		gb := &groupBatch{ctx: ctx, cancel: cancel, n: len(batch)}
-		for _, c := range batch {
-			c.b = gb
-		}
-	}
-	return batch
-}
-
-// sendBatch sends batch as one transaction of its members' nested
-// transactions and hands each member its outcome.
-func (b *Backend) sendBatch(g *txnGroup, batch []*groupCall) {
-	gb := batch[0].b
-	defer gb.cancel()
-	if len(batch) == 1 {
-		batch[0].done <- groupOutcome{} // alone: the single form costs etcd less
-		return
-	}
+// sendBatch sends batch (at least two calls) as one transaction of its
+// members' nested transactions, of operation o, and sets each member's
+// outcome.
+func sendBatch(ctx context.Context, cli *clientv3.Client, o outcome.Op, batch []*groupMember) {
 	ops := make([]clientv3.Op, len(batch))
-	for i, c := range batch {
-		ops[i] = c.op
+	for i, m := range batch {
+		ops[i] = m.Req
 	}
-	resp, err := b.cli.Txn(gb.ctx).Then(ops...).Commit()
-	for i, c := range batch {
+	resp, err := cli.Txn(ctx).Then(ops...).Commit()
+	for i, m := range batch {
 		switch {
 		case err != nil && mayHaveApplied(err):
-			c.done <- groupOutcome{err: translate(c.ctx, g.op, c.key, err)}
+			m.Err = translate(m.Ctx, o, m.Key, err)
 		case err != nil:
-			c.done <- groupOutcome{} // nothing applied: alone
+			m.Err = groupcommit.ErrAlone // nothing applied: alone
 		default:
 			tr := resp.Responses[i].GetResponseTxn()
 			if !tr.GetSucceeded() {
-				c.done <- groupOutcome{} // changed nothing: alone
+				m.Err = groupcommit.ErrAlone // changed nothing: alone
 				continue
 			}
-			c.done <- groupOutcome{tr: tr, rev: resp.Header.Revision}
+			m.Res = groupOutcome{tr: tr, rev: resp.Header.Revision}
 		}
 	}
 }

@@ -51,7 +51,7 @@ func (b *Backend) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, 
 		}
 		flat = append(flat, i)
 	}
-	per := max(1, b.maxOps-b.rel.width)
+	per := max(1, b.rel.MaxMembers) // as many as a batch of releases
 	for len(flat) > 0 {
 		n := min(per, len(flat))
 		chunk := flat[:n]

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ashlock/ashlock/internal/groupcommit"
 	"github.com/ashlock/ashlock/internal/keyrange"
 	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/internal/wait"
@@ -63,8 +64,8 @@ type Backend struct {
 
 	// acquireQ and releaseQ coalesce concurrent TryAcquire and Release
 	// calls (groupcommit.go); their limit is 0 when group commit is off.
-	acquireQ *gcQueue[sqllock.AcquireRequest, sqllock.Lease]
-	releaseQ *gcQueue[sqllock.Lease, struct{}]
+	acquireQ *groupcommit.Queue[sqllock.AcquireRequest, sqllock.Lease]
+	releaseQ *groupcommit.Queue[sqllock.Lease, struct{}]
 }
 
 var (
@@ -109,8 +110,8 @@ func New(db *sql.DB, opts Options) (*Backend, error) {
 	if o.DisableGroupCommit {
 		limit = 0
 	}
-	b.acquireQ = &gcQueue[sqllock.AcquireRequest, sqllock.Lease]{limit: limit, calls: groupCommitCalls, send: b.sendAcquires}
-	b.releaseQ = &gcQueue[sqllock.Lease, struct{}]{limit: limit, calls: groupCommitCalls, send: b.sendReleases}
+	b.acquireQ = newQueue(outcome.Acquire, limit, b.sendAcquires)
+	b.releaseQ = newQueue(outcome.Release, limit, b.sendReleases)
 	t, wait := o.Table, o.lockWaitSeconds()
 	prefix := lockWaitPrefix(wait, sessionWait)
 	b.acquireSQL = render(acquireSQL, t, nowSQL, prefix)
@@ -208,7 +209,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
 	}
-	if b.acquireQ.limit == 0 {
+	if b.acquireQ.Limit == 0 {
 		return b.tryAcquire(ctx, req)
 	}
 	if b.closed.Load() {
@@ -217,9 +218,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 	if err := ctx.Err(); err != nil {
 		return sqllock.Lease{}, dialect.NotSent(outcome.Acquire, req.Key, true, err)
 	}
-	return b.acquireQ.do(ctx, req.Key, req, func(ctx context.Context) (sqllock.Lease, error) {
+	return b.acquireQ.Do(ctx, req.Key, 0, req, func(ctx context.Context) (sqllock.Lease, error) {
 		return b.tryAcquire(ctx, req)
-	}, outcome.Acquire)
+	})
 }
 
 // acquireRow is what acquireSQL returns, and acquireBatchSQL for each key.
@@ -365,7 +366,7 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if b.rowRelease {
 		return b.releaseRow(ctx, l)
 	}
-	if b.releaseQ.limit == 0 {
+	if b.releaseQ.Limit == 0 {
 		return b.release(ctx, l)
 	}
 	if b.closed.Load() {
@@ -374,9 +375,9 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if err := ctx.Err(); err != nil {
 		return dialect.NotSent(outcome.Release, l.Key, true, err)
 	}
-	_, err := b.releaseQ.do(ctx, l.Key, l, func(ctx context.Context) (struct{}, error) {
+	_, err := b.releaseQ.Do(ctx, l.Key, 0, l, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, b.release(ctx, l)
-	}, outcome.Release)
+	})
 	return err
 }
 

@@ -9,11 +9,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/ashlock/ashlock/internal/groupcommit"
 	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -38,6 +37,9 @@ import (
 // of its own, and again until the queue is empty. A queue of one call is
 // sent with the single statement.
 //
+// The queue (who goes alone, who waits, the hand-off, a member that
+// leaves) is internal/groupcommit's, which PostgreSQL and etcd share; this
+// file is what MariaDB sends for a batch and how it reads the reply.
 // The rules a batch keeps:
 //   - one request per key in a batch: a second request for a key stays
 //     queued for a later batch; at most maxBatch members;
@@ -96,211 +98,42 @@ const groupCommitCalls = 16
 // a member is at most about 7 KiB).
 const maxBatch = 256
 
-// errSentAlone is a member's result when it was the only member of its
-// batch: it sends its request with the single statement and keeps the
-// place in flight that its batch had.
-var errSentAlone = errors.New("sole member")
-
-// errAlone is a member's result when its batch could not settle it: the
-// member sends its request alone, with the single statement.
-var errAlone = errors.New("send alone")
-
-// gcMember is one queued call.
-type gcMember[Req, Res any] struct {
-	req  Req
-	key  string
-	done chan struct{} // closed by the batch's sender when res and err are set
-
-	res Res
-	err error
-
-	batch *gcBatch // nil while queued; guarded by the queue's mu
-}
-
-// gcBatch is what the members of one batch in flight share.
-type gcBatch struct {
-	live   int                // members still waiting for the reply; guarded by the queue's mu
-	cancel context.CancelFunc // cancels the batch's statement: called when live reaches 0, or after it
-}
-
-// gcQueue coalesces the calls of one kind. It is safe for concurrent use.
-type gcQueue[Req, Res any] struct {
-	limit int // statements in flight before calls queue; 0: group commit off
-	// calls is how many calls must be outstanding (this one included)
-	// before one queues (groupCommitCalls; 0 in tests that batch few).
-	calls int
-	// send sends members as one batch statement, sets each member's res
-	// and err (errAlone to have it sent alone) and returns; ctx ends only
-	// when every member has left.
-	send func(ctx context.Context, members []*gcMember[Req, Res])
-
-	batches atomic.Int64 // batch statements sent (tests)
-	alone   atomic.Int64 // members that a batch left to be sent alone (tests)
-
-	outstanding atomic.Int64 // calls of this kind inside do
-
-	mu       sync.Mutex
-	inFlight int                   // statements of this kind in flight
-	queue    []*gcMember[Req, Res] // in arrival order
-}
-
-// do runs one call of operation o: alone at once (single) while fewer than
-// limit statements are in flight or at most calls calls are outstanding,
-// else queued for the next batch.
-func (q *gcQueue[Req, Res]) do(ctx context.Context, key string, req Req, single func(context.Context) (Res, error),
-	o outcome.Op) (Res, error) {
-	n := q.outstanding.Add(1)
-	defer q.outstanding.Add(-1)
-	q.mu.Lock()
-	if q.inFlight < q.limit || n <= int64(q.calls) {
-		q.inFlight++
-		q.mu.Unlock()
-		res, err := single(ctx)
-		q.finished()
-		return res, err
-	}
-	m := &gcMember[Req, Res]{req: req, key: key, done: make(chan struct{})}
-	q.queue = append(q.queue, m)
-	q.mu.Unlock()
-	var zero Res
-	select {
-	case <-m.done:
-	case <-ctx.Done():
-		q.mu.Lock()
-		select {
-		case <-m.done: // answered meanwhile
-			q.mu.Unlock()
-		default:
-			if m.batch == nil {
-				// Still queued: leave, and nothing of this call is sent.
-				q.queue = slices.DeleteFunc(q.queue, func(o *gcMember[Req, Res]) bool { return o == m })
-				q.mu.Unlock()
-				return zero, dialect.NotSent(o, key, true, ctx.Err())
-			}
-			m.batch.live--
-			if m.batch.live == 0 {
-				m.batch.cancel()
-			}
-			q.mu.Unlock()
-			return zero, dialect.InFlight(o, key, true, ctx.Err())
-		}
-	}
-	if (m.err == errSentAlone || m.err == errAlone) && ctx.Err() != nil {
-		// Nothing of this call was applied: its batch did not settle it,
-		// and it has not been sent alone.
-		if m.err == errSentAlone {
-			q.finished()
-		}
-		return zero, dialect.NotSent(o, key, true, ctx.Err())
-	}
-	switch m.err {
-	case errSentAlone:
-		res, err := single(ctx)
-		q.finished()
-		return res, err
-	case errAlone:
-		q.alone.Add(1)
-		return single(ctx)
-	}
-	return m.res, m.err
-}
-
-// finished is called when a statement of this kind ends: the queue, if
-// any, goes next as a batch, sent from a goroutine of its own, which keeps
-// the finished statement's place in flight.
-func (q *gcQueue[Req, Res]) finished() {
-	q.mu.Lock()
-	members, ctx, handed := q.take()
-	if members == nil && !handed {
-		q.inFlight--
-	}
-	q.mu.Unlock()
-	if members != nil {
-		go q.run(ctx, members)
-	}
-}
-
-// run sends batches until the queue is empty.
-func (q *gcQueue[Req, Res]) run(ctx context.Context, members []*gcMember[Req, Res]) {
-	for members != nil {
-		q.batches.Add(1)
-		q.send(ctx, members)
-		q.mu.Lock()
-		members[0].batch.cancel()
-		for _, m := range members {
-			close(m.done)
-		}
-		var handed bool
-		members, ctx, handed = q.take()
-		if members == nil && !handed {
-			q.inFlight--
-		}
-		q.mu.Unlock()
-	}
-}
-
-// take removes the next batch from the queue: at most maxBatch members, in
-// arrival order, one per key (a later request for a key stays queued). It
-// returns nil when the queue is empty. A batch of one member is not sent
-// as a batch: take hands that member the place in flight (handed), and it
-// sends its request itself, with the single statement. q.mu is held.
-func (q *gcQueue[Req, Res]) take() (members []*gcMember[Req, Res], ctx context.Context, handed bool) {
-	if len(q.queue) == 0 {
-		return nil, nil, false
-	}
-	seen := make(map[string]bool, len(q.queue))
-	rest := q.queue[:0]
-	for _, m := range q.queue {
-		if len(members) == maxBatch || seen[m.key] {
-			rest = append(rest, m)
-			continue
-		}
-		seen[m.key] = true
-		members = append(members, m)
-	}
-	clear(q.queue[len(rest):])
-	q.queue = rest
-	if len(members) == 1 {
-		members[0].err = errSentAlone
-		close(members[0].done)
-		return nil, nil, true
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	b := &gcBatch{cancel: cancel, live: len(members)}
-	for _, m := range members {
-		m.batch = b
-	}
-	return members, ctx, false
+// newQueue returns the group commit queue of operation o (see the
+// comment above), which send sends as batches.
+func newQueue[Req, Res any](o outcome.Op, limit int, send func(context.Context, []*groupcommit.Member[Req, Res])) *groupcommit.Queue[Req, Res] {
+	return &groupcommit.Queue[Req, Res]{Limit: limit, Calls: groupCommitCalls, MaxMembers: maxBatch, Send: send,
+		NotSent:  func(key string, err error) error { return dialect.NotSent(o, key, true, err) },
+		InFlight: func(key string, err error) error { return dialect.InFlight(o, key, true, err) }}
 }
 
 // acquireMember is a queued TryAcquire.
-type acquireMember = gcMember[sqllock.AcquireRequest, sqllock.Lease]
+type acquireMember = groupcommit.Member[sqllock.AcquireRequest, sqllock.Lease]
 
 // sendAcquires sends members (distinct keys) as one acquireBatchSQL.
 func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 	sorted := slices.Clone(members)
-	slices.SortFunc(sorted, func(x, y *acquireMember) int { return strings.Compare(x.key, y.key) })
+	slices.SortFunc(sorted, func(x, y *acquireMember) int { return strings.Compare(x.Key, y.Key) })
 	elems := make([][5]any, len(sorted))
 	at := make(map[string]*acquireMember, len(sorted))
 	for i, m := range sorted {
-		at[m.key] = m
-		a := acquireArgs(m.req)
+		at[m.Key] = m
+		a := acquireArgs(m.Req)
 		var v any // JSON null: no value
 		if a.value != nil {
-			v = base64.StdEncoding.EncodeToString(m.req.Value)
+			v = base64.StdEncoding.EncodeToString(m.Req.Value)
 		}
-		elems[i] = [5]any{m.req.Key, a.lease, m.req.Owner, v, a.hold}
+		elems[i] = [5]any{m.Req.Key, a.lease, m.Req.Owner, v, a.hold}
 	}
 	arg, err := json.Marshal(elems)
 	if err != nil {
 		for _, m := range members {
-			m.err = errAlone
+			m.Err = groupcommit.ErrAlone
 		}
 		return
 	}
 	rows := make(map[*acquireMember]acquireRow, len(members))
 	var sent error // the last statement's own error
-	err = b.run(ctx, outcome.Acquire, members[0].key, func(ctx context.Context) (err error) {
+	err = b.run(ctx, outcome.Acquire, members[0].Key, func(ctx context.Context) (err error) {
 		defer func() { sent = err }()
 		clear(rows)
 		return b.queryEach(ctx, b.acquireBatchSQL, []any{string(arg)}, func(rs *sql.Rows) error {
@@ -324,36 +157,36 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 	for _, m := range members {
 		r, ok := rows[m]
 		if !ok {
-			m.err = errAlone
+			m.Err = groupcommit.ErrAlone
 			continue
 		}
-		m.res, m.err = acquired(m.req, r)
+		m.Res, m.Err = acquired(m.Req, r)
 	}
 }
 
 // releaseMember is a queued Release.
-type releaseMember = gcMember[sqllock.Lease, struct{}]
+type releaseMember = groupcommit.Member[sqllock.Lease, struct{}]
 
 // sendReleases sends members (distinct keys) as one releaseBatchSQL.
 func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 	sorted := slices.Clone(members)
-	slices.SortFunc(sorted, func(x, y *releaseMember) int { return strings.Compare(x.key, y.key) })
+	slices.SortFunc(sorted, func(x, y *releaseMember) int { return strings.Compare(x.Key, y.Key) })
 	elems := make([][3]any, len(sorted))
 	at := make(map[string]*releaseMember, len(sorted))
 	for i, m := range sorted {
-		at[m.key] = m
-		elems[i] = [3]any{m.req.Key, m.req.Token, m.req.Owner}
+		at[m.Key] = m
+		elems[i] = [3]any{m.Req.Key, m.Req.Token, m.Req.Owner}
 	}
 	arg, err := json.Marshal(elems)
 	if err != nil {
 		for _, m := range members {
-			m.err = errAlone
+			m.Err = groupcommit.ErrAlone
 		}
 		return
 	}
 	rows := make(map[*releaseMember]releaseResult, len(members))
 	var sent error // the last statement's own error
-	err = b.run(ctx, outcome.Release, members[0].key, func(ctx context.Context) (err error) {
+	err = b.run(ctx, outcome.Release, members[0].Key, func(ctx context.Context) (err error) {
 		defer func() { sent = err }()
 		clear(rows)
 		return b.queryEach(ctx, b.releaseBatchSQL, []any{string(arg)}, func(rs *sql.Rows) error {
@@ -377,10 +210,10 @@ func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 	for _, m := range members {
 		r, ok := rows[m]
 		if !ok {
-			m.err = errAlone // no row: alone, the single statement says so
+			m.Err = groupcommit.ErrAlone // no row: alone, the single statement says so
 			continue
 		}
-		m.err = b.released(m.req, r)
+		m.Err = b.released(m.Req, r)
 	}
 }
 
@@ -390,17 +223,17 @@ func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 // error was rolled back, and each member is sent alone; otherwise (a
 // reply lost, no connection) each member gets the error the single
 // statement would give, for its own key.
-func batchFailed[Req, Res any](ctx context.Context, o outcome.Op, members []*gcMember[Req, Res], err, sent error) {
+func batchFailed[Req, Res any](ctx context.Context, o outcome.Op, members []*groupcommit.Member[Req, Res], err, sent error) {
 	var me *mysql.MySQLError
 	refused := errors.As(err, &me)
 	for _, m := range members {
 		switch {
 		case refused:
-			m.err = errAlone
+			m.Err = groupcommit.ErrAlone
 		case sent != nil:
-			m.err = classify(ctx, o, m.key, sent)
+			m.Err = classify(ctx, o, m.Key, sent)
 		default:
-			m.err = err
+			m.Err = err
 		}
 	}
 }

@@ -16,7 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ashlock/ashlock/internal/outcome"
+	"github.com/ashlock/ashlock/internal/groupcommit"
 	"github.com/ashlock/ashlock/sqllock"
 	"github.com/ashlock/ashlock/sqllock/backendtest"
 )
@@ -29,48 +29,31 @@ import (
 // coalesceAlways makes b coalesce every acquire (release) that arrives
 // while one is in flight.
 func coalesceAlways(b *Backend) {
-	b.acquireQ.limit, b.releaseQ.limit = 1, 1
-	b.acquireQ.calls, b.releaseQ.calls = 0, 0
+	b.acquireQ.Limit, b.releaseQ.Limit = 1, 1
+	b.acquireQ.Calls, b.releaseQ.Calls = 0, 0
 }
 
 func holdQueue(b *Backend) { holdQ(b.acquireQ) }
 
-func holdQ[Req, Res any](q *gcQueue[Req, Res]) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.inFlight = q.limit
-	q.calls = 0
-}
+func holdQ[Req, Res any](q *groupcommit.Queue[Req, Res]) { q.Hold() }
 
 // waitQueued waits until n acquires are queued in b.
 func waitQueued(t *testing.T, b *Backend, n int) { t.Helper(); waitQ(t, b.acquireQ, n) }
 
-func waitQ[Req, Res any](t *testing.T, q *gcQueue[Req, Res], n int) {
+func waitQ[Req, Res any](t *testing.T, q *groupcommit.Queue[Req, Res], n int) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return len(q.queue) == n
-	}, 10*time.Second, time.Millisecond, "calls queued")
+	require.Eventually(t, func() bool { return q.Queued() == n }, 10*time.Second, time.Millisecond, "calls queued")
 }
 
 // flushQueue ends one held acquire: the queue goes as batches.
-func flushQueue(b *Backend) { b.acquireQ.finished() }
+func flushQueue(b *Backend) { b.acquireQ.Flush() }
 
 // unholdQueue waits for the batches to end and frees the held acquires.
 func unholdQueue(t *testing.T, b *Backend) { t.Helper(); unholdQ(t, b.acquireQ) }
 
-func unholdQ[Req, Res any](t *testing.T, q *gcQueue[Req, Res]) {
+func unholdQ[Req, Res any](t *testing.T, q *groupcommit.Queue[Req, Res]) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		if len(q.queue) == 0 && q.inFlight == q.limit-1 {
-			q.inFlight = 0
-			return true
-		}
-		return false
-	}, 20*time.Second, time.Millisecond)
+	require.Eventually(t, q.Unhold, 20*time.Second, time.Millisecond)
 }
 
 type acquireResult struct {
@@ -186,8 +169,8 @@ func TestGroupCommitAnswersAsAlone(t *testing.T) {
 	coalesceAlways(batched)
 	setup(t, batched, bdb)
 	got := acquireBatch(t, batched, reqs...)
-	require.EqualValues(t, 1, batched.acquireQ.batches.Load(), "the calls went as one batch")
-	require.Zero(t, batched.acquireQ.alone.Load(), "the batch left members to be sent alone")
+	require.EqualValues(t, 1, batched.acquireQ.Batches(), "the calls went as one batch")
+	require.Zero(t, batched.acquireQ.Alone(), "the batch left members to be sent alone")
 
 	alone, adb := newBackend(t)
 	setup(t, alone, adb)
@@ -256,8 +239,8 @@ func TestGroupCommitRefusedBatchSendsEachAlone(t *testing.T) {
 	require.ErrorIs(t, res[0].err, sqllock.ErrTokenExhausted)
 	require.NoError(t, res[1].err)
 	require.EqualValues(t, 1, res[1].l.Token)
-	require.EqualValues(t, 1, b.acquireQ.batches.Load())
-	require.EqualValues(t, 2, b.acquireQ.alone.Load(), "each member of the refused batch was sent alone")
+	require.EqualValues(t, 1, b.acquireQ.Batches())
+	require.EqualValues(t, 2, b.acquireQ.Alone(), "each member of the refused batch was sent alone")
 }
 
 // A key goes at most once into a batch: a second call for it stays queued
@@ -283,8 +266,8 @@ func TestGroupCommitSameKeyTwice(t *testing.T) {
 	var he *sqllock.HeldError
 	require.ErrorAs(t, r2.err, &he)
 	require.Equal(t, "o1", he.Owner, "the second call saw the first's grant")
-	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "one batch, then the second call alone")
-	require.Zero(t, b.acquireQ.alone.Load(), "the batch answered both of its members")
+	require.EqualValues(t, 1, b.acquireQ.Batches(), "one batch, then the second call alone")
+	require.Zero(t, b.acquireQ.Alone(), "the batch answered both of its members")
 }
 
 // A batch takes at most maxBatch members; the rest go in the next one.
@@ -309,7 +292,7 @@ func TestGroupCommitBatchBounded(t *testing.T) {
 		require.EqualValues(t, 1, r.l.Token)
 	}
 	unholdQueue(t, b)
-	require.EqualValues(t, 2, b.acquireQ.batches.Load(), "%d calls: a full batch and one more", len(reqs))
+	require.EqualValues(t, 2, b.acquireQ.Batches(), "%d calls: a full batch and one more", len(reqs))
 }
 
 // A call whose context ends while it is queued leaves the queue, and
@@ -330,7 +313,7 @@ func TestGroupCommitQueuedCancelSendsNothing(t *testing.T) {
 	waitQueued(t, b, 0)
 	flushQueue(b)
 	unholdQueue(t, b)
-	require.Zero(t, b.acquireQ.batches.Load())
+	require.Zero(t, b.acquireQ.Batches())
 	var n int
 	require.NoError(t, db.QueryRowContext(testCtx(t), "SELECT count(*) FROM "+quotedTable(b)).Scan(&n))
 	require.Zero(t, n, "the cancelled call was sent")
@@ -381,7 +364,7 @@ func TestGroupCommitInFlightCancel(t *testing.T) {
 	require.NoError(t, ro.err, "the batch was cancelled by another member's context")
 	require.EqualValues(t, 2, ro.l.Token)
 	unholdQueue(t, b)
-	require.Zero(t, b.acquireQ.alone.Load())
+	require.Zero(t, b.acquireQ.Alone())
 	again, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "a-cancelled", TTL: time.Minute, Owner: "oa"})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, again.Token, "the repeat gets the grant back")
@@ -420,7 +403,7 @@ func TestGroupCommitLostReply(t *testing.T) {
 		require.ErrorIs(t, r.err, sqllock.ErrIndeterminate)
 	}
 	unholdQueue(t, b)
-	require.Zero(t, b.acquireQ.alone.Load(), "members of a batch of unknown outcome were sent again")
+	require.Zero(t, b.acquireQ.Alone(), "members of a batch of unknown outcome were sent again")
 	for _, k := range keys {
 		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: k, TTL: time.Minute, Owner: "lost/" + k})
 		require.NoError(t, err)
@@ -478,8 +461,8 @@ func TestGroupCommitDeadlockRepeated(t *testing.T) {
 	require.EqualValues(t, 2, a.l.Token)
 	require.EqualValues(t, 2, bb.l.Token)
 	require.GreaterOrEqual(t, b.Stats().Deadlocks, uint64(1))
-	require.EqualValues(t, 1, b.acquireQ.batches.Load())
-	require.Zero(t, b.acquireQ.alone.Load(), "the batch was repeated whole, not member by member")
+	require.EqualValues(t, 1, b.acquireQ.Batches())
+	require.Zero(t, b.acquireQ.Alone(), "the batch was repeated whole, not member by member")
 }
 
 // Without concurrency nothing is coalesced: each acquire is the single
@@ -487,21 +470,23 @@ func TestGroupCommitDeadlockRepeated(t *testing.T) {
 func TestGroupCommitIdleSendsAlone(t *testing.T) {
 	t.Parallel()
 	b, db := newBackend(t)
-	require.Equal(t, groupCommitInFlight, b.acquireQ.limit, "on by default")
+	require.Equal(t, groupCommitInFlight, b.acquireQ.Limit, "on by default")
+	require.Equal(t, groupCommitCalls, b.acquireQ.Calls, "batches only beyond groupCommitCalls outstanding acquires")
+	require.Equal(t, groupCommitCalls, b.releaseQ.Calls, "batches only beyond groupCommitCalls outstanding releases")
 	for i := range 5 {
 		l, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: fmt.Sprint("k", i), TTL: time.Minute, Owner: "o"})
 		require.NoError(t, err)
 		require.NoError(t, b.Release(testCtx(t), l))
 	}
-	require.Zero(t, b.acquireQ.batches.Load())
-	require.Zero(t, b.releaseQ.batches.Load())
-	require.Zero(t, b.acquireQ.inFlight)
-	require.Zero(t, b.releaseQ.inFlight)
+	require.Zero(t, b.acquireQ.Batches())
+	require.Zero(t, b.releaseQ.Batches())
+	require.Zero(t, b.acquireQ.Sending())
+	require.Zero(t, b.releaseQ.Sending())
 	off, err := New(db, Options{DisableGroupCommit: true})
 	require.NoError(t, err)
 	defer off.Close()
-	require.Zero(t, off.acquireQ.limit)
-	require.Zero(t, off.releaseQ.limit)
+	require.Zero(t, off.acquireQ.Limit)
+	require.Zero(t, off.releaseQ.Limit)
 }
 
 // Many goroutines acquire and release a few keys through coalescing: no
@@ -560,10 +545,10 @@ func TestGroupCommitHistory(t *testing.T) {
 	if err, ok := failure.Load().(error); ok {
 		t.Fatal(err)
 	}
-	require.Positive(t, b.acquireQ.batches.Load(), "no acquire was coalesced")
-	require.Positive(t, b.releaseQ.batches.Load(), "no release was coalesced")
+	require.Positive(t, b.acquireQ.Batches(), "no acquire was coalesced")
+	require.Positive(t, b.releaseQ.Batches(), "no release was coalesced")
 	t.Logf("%d grants, %d batches of acquires, %d of releases, %d sent alone by a batch",
-		grants.Load(), b.acquireQ.batches.Load(), b.releaseQ.batches.Load(), b.acquireQ.alone.Load()+b.releaseQ.alone.Load())
+		grants.Load(), b.acquireQ.Batches(), b.releaseQ.Batches(), b.acquireQ.Alone()+b.releaseQ.Alone())
 }
 
 // The answers of one batch of releases are those of the same releases
@@ -611,14 +596,14 @@ func TestGroupCommitReleaseAnswersAsAlone(t *testing.T) {
 		chs = append(chs, ch)
 		waitQ(t, batched.releaseQ, i+1)
 	}
-	batched.releaseQ.finished()
+	batched.releaseQ.Flush()
 	got := make([]error, len(chs))
 	for i, ch := range chs {
 		got[i] = recv(t, ch)
 	}
 	unholdQ(t, batched.releaseQ)
-	require.EqualValues(t, 1, batched.releaseQ.batches.Load(), "the releases went as one batch")
-	require.EqualValues(t, 1, batched.releaseQ.alone.Load(), "only the key without a row was sent alone")
+	require.EqualValues(t, 1, batched.releaseQ.Batches(), "the releases went as one batch")
+	require.EqualValues(t, 1, batched.releaseQ.Alone(), "only the key without a row was sent alone")
 
 	alone, adb := newBackend(t)
 	for i, l := range setup(t, alone, adb) {
@@ -674,8 +659,8 @@ func TestGroupCommitLargestInputs(t *testing.T) {
 		reqs[i].TTL = time.Minute
 	}
 	res := acquireBatch(t, b, reqs...)
-	require.EqualValues(t, 1, b.acquireQ.batches.Load())
-	require.Zero(t, b.acquireQ.alone.Load())
+	require.EqualValues(t, 1, b.acquireQ.Batches())
+	require.Zero(t, b.acquireQ.Alone())
 	for i, r := range res {
 		require.NoError(t, r.err)
 		require.Equal(t, reqs[i].Owner, r.l.Owner)
@@ -695,13 +680,13 @@ func TestGroupCommitLargestInputs(t *testing.T) {
 		chs = append(chs, ch)
 		waitQ(t, b.releaseQ, i+1)
 	}
-	b.releaseQ.finished()
+	b.releaseQ.Flush()
 	for _, ch := range chs {
 		require.NoError(t, recv(t, ch))
 	}
 	unholdQ(t, b.releaseQ)
-	require.EqualValues(t, 1, b.releaseQ.batches.Load())
-	require.Zero(t, b.releaseQ.alone.Load())
+	require.EqualValues(t, 1, b.releaseQ.Batches())
+	require.Zero(t, b.releaseQ.Alone())
 	infos, err := b.List(testCtx(t), "")
 	require.NoError(t, err)
 	for _, i := range infos {
@@ -732,7 +717,7 @@ func TestGroupCommitReleaseLostReply(t *testing.T) {
 		waitQ(t, b.releaseQ, i+1)
 	}
 	p.BlackholeRepliesAfter([]byte("lostrel/"))
-	b.releaseQ.finished()
+	b.releaseQ.Flush()
 	require.Eventually(t, func() bool {
 		var n int
 		require.NoError(t, direct.QueryRowContext(ctx, "SELECT count(*) FROM "+quotedTable(b)+" WHERE owner LIKE 'lostrel/%' AND NOT held").Scan(&n))
@@ -744,55 +729,8 @@ func TestGroupCommitReleaseLostReply(t *testing.T) {
 		require.ErrorIs(t, recv(t, ch), sqllock.ErrIndeterminate)
 	}
 	unholdQ(t, b.releaseQ)
-	require.Zero(t, b.releaseQ.alone.Load(), "members of a batch of unknown outcome were sent again")
+	require.Zero(t, b.releaseQ.Alone(), "members of a batch of unknown outcome were sent again")
 	for _, l := range leases {
 		require.NoError(t, b.Release(ctx, l), "repeating a release that was applied is harmless")
 	}
-}
-
-// Up to calls outstanding calls of a kind are each sent alone at once,
-// however many statements are in flight (group commit engages only when
-// more are waiting: few-member batches lost to single statements); the
-// next one queues for a batch. No database: the single statements block
-// until the test lets them end.
-func TestGroupCommitEngagesOnlyBeyondCalls(t *testing.T) {
-	t.Parallel()
-	release := make(chan struct{})
-	var singles atomic.Int64
-	q := &gcQueue[int, int]{limit: 1, calls: 3, send: func(_ context.Context, ms []*gcMember[int, int]) {
-		for _, m := range ms {
-			m.res = m.req
-		}
-	}}
-	single := func(req int) func(context.Context) (int, error) {
-		return func(context.Context) (int, error) {
-			singles.Add(1)
-			<-release
-			return req, nil
-		}
-	}
-	var wg sync.WaitGroup
-	call := func(i int) {
-		defer wg.Done()
-		res, err := q.do(testCtx(t), fmt.Sprint("k", i), i, single(i), outcome.Acquire)
-		if err != nil || res != i {
-			t.Errorf("call %d: %d, %v", i, res, err)
-		}
-	}
-	for i := range 3 {
-		wg.Add(1)
-		go call(i)
-	}
-	require.Eventually(t, func() bool { return singles.Load() == 3 }, 10*time.Second, time.Millisecond,
-		"3 outstanding calls did not all go alone")
-	for i := 3; i < 5; i++ {
-		wg.Add(1)
-		go call(i)
-	}
-	waitQ(t, q, 2)
-	require.EqualValues(t, 3, singles.Load(), "a fourth call went alone")
-	close(release)
-	wg.Wait()
-	require.EqualValues(t, 1, q.batches.Load(), "the queued calls went as one batch")
-	require.EqualValues(t, 3, singles.Load())
 }

@@ -227,8 +227,8 @@ func TestGroupCommitFirstRowsAboveTheFloor(t *testing.T) {
 		require.NoError(t, out[i].err)
 		require.Greater(t, out[i].l.Token, want, "key %d of the batch: G2", i)
 	}
-	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "the acquires went as one batch")
-	require.Zero(t, b.acquireQ.alone.Load(), "a member was sent alone")
+	require.EqualValues(t, 1, b.acquireQ.Batches(), "the acquires went as one batch")
+	require.Zero(t, b.acquireQ.Alone(), "a member was sent alone")
 }
 
 // The reaper's mark on the floor row is gone once its transaction

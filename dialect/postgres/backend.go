@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ashlock/ashlock/internal/groupcommit"
 	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -53,8 +54,8 @@ type Backend struct {
 
 	// acquireQ and releaseQ coalesce concurrent TryAcquire and Release
 	// calls (batch.go); their limit is 0 when group commit is off.
-	acquireQ *gcQueue[sqllock.AcquireRequest, sqllock.Lease]
-	releaseQ *gcQueue[sqllock.Lease, struct{}]
+	acquireQ *groupcommit.Queue[sqllock.AcquireRequest, sqllock.Lease]
+	releaseQ *groupcommit.Queue[sqllock.Lease, struct{}]
 
 	beforeRacePeek func() // tests: runs before releaseRaced reads the row
 
@@ -129,8 +130,8 @@ func newBackend(opts Options) (*Backend, error) {
 	if opts.DisableGroupCommit {
 		limit = 0
 	}
-	b.acquireQ = &gcQueue[sqllock.AcquireRequest, sqllock.Lease]{limit: limit, send: b.sendAcquires}
-	b.releaseQ = &gcQueue[sqllock.Lease, struct{}]{limit: limit, send: b.sendReleases}
+	b.acquireQ = newQueue(outcome.Acquire, limit, b.sendAcquires)
+	b.releaseQ = newQueue(outcome.Release, limit, b.sendReleases)
 	return b, nil
 }
 
@@ -182,12 +183,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 		return sqllock.Lease{}, pg.NotSent(outcome.Acquire, req.Key, true, err)
 	}
 	watched := b.watched(req.Key)
-	if watched || req.Mark || b.acquireQ.limit == 0 {
+	if watched || req.Mark || b.acquireQ.Limit == 0 {
 		return b.tryAcquire(ctx, req, watched)
 	}
-	return b.acquireQ.do(ctx, req.Key, req, func(ctx context.Context) (sqllock.Lease, error) {
+	return b.acquireQ.Do(ctx, req.Key, 0, req, func(ctx context.Context) (sqllock.Lease, error) {
 		return b.tryAcquire(ctx, req, false)
-	}, outcome.Acquire)
+	})
 }
 
 // tryAcquire sends req alone, in the waiting form when watched.
@@ -281,12 +282,12 @@ func (b *Backend) Release(ctx context.Context, l sqllock.Lease) error {
 	if key, _, ok := sqllock.ParseSharedKey(l.Key); ok {
 		return b.releaseShared(ctx, l, key)
 	}
-	if b.releaseQ.limit == 0 {
+	if b.releaseQ.Limit == 0 {
 		return b.releaseAlone(ctx, l)
 	}
-	_, err := b.releaseQ.do(ctx, l.Key, l, func(ctx context.Context) (struct{}, error) {
+	_, err := b.releaseQ.Do(ctx, l.Key, 0, l, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, b.releaseAlone(ctx, l)
-	}, outcome.Release)
+	})
 	return err
 }
 

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/ashlock/ashlock/internal/groupcommit"
 	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -126,6 +125,9 @@ func (b *Backend) renewBatch(ctx context.Context, reqs []sqllock.RenewRequest) (
 // failing key could not abort the others' statements. Measured in the
 // bench module, section groupcommit.
 //
+// The queue (who goes alone, who waits, the hand-off, a member that
+// leaves) is internal/groupcommit's, which MariaDB and etcd share; this
+// file is what PostgreSQL sends for a batch and how it reads the reply.
 // The rules a batch keeps (see queries/acquire_batch.sql and
 // queries/release_batch.sql):
 //   - one request per key in a batch: a second request for a key stays
@@ -167,201 +169,34 @@ const groupCommitInFlight = 4
 // maxBatch bounds the members of one batch statement.
 const maxBatch = 1024
 
-// errSentAlone is a member's result when it was the only member of its
-// batch: it sends its request with the single statement, which costs the
-// server less than the batch statement for one key, and keeps the place
-// in flight that its batch had (see run).
-var errSentAlone = errors.New("sole member")
-
-// errAlone is a member's result when its batch could not settle it: the
-// member sends its request alone, with the single statement.
-var errAlone = errors.New("send alone")
-
-// gcMember is one queued call.
-type gcMember[Req, Res any] struct {
-	req  Req
-	key  string
-	done chan struct{} // closed by the batch's sender when res and err are set
-
-	res Res
-	err error
-
-	batch *gcBatch // nil while queued; guarded by the queue's mu
-}
-
-// gcBatch is what the members of one batch in flight share.
-type gcBatch struct {
-	live   int                // members still waiting for the reply; guarded by the queue's mu
-	cancel context.CancelFunc // cancels the batch's statement: called when live reaches 0, or after it
-}
-
-// gcQueue coalesces the calls of one kind. It is safe for concurrent use.
-type gcQueue[Req, Res any] struct {
-	limit int // statements in flight before calls queue; 0: group commit off
-	// send sends members as one batch statement, sets each member's res
-	// and err (errAlone to have it sent alone) and returns; ctx ends only
-	// when every member has left.
-	send func(ctx context.Context, members []*gcMember[Req, Res])
-
-	batches atomic.Int64 // batch statements sent (tests)
-	alone   atomic.Int64 // members that a batch left to be sent alone (tests)
-
-	mu       sync.Mutex
-	inFlight int                   // statements of this kind in flight
-	queue    []*gcMember[Req, Res] // in arrival order
-}
-
-// do runs one call of operation o: alone at once (single) while fewer than
-// limit statements are in flight, else queued for the next batch. A call
-// whose context ends while it is queued was not sent; one whose context
-// ends while its batch is in flight has the single statement's error for
-// that case.
-func (q *gcQueue[Req, Res]) do(ctx context.Context, key string, req Req, single func(context.Context) (Res, error),
-	o outcome.Op) (Res, error) {
-	q.mu.Lock()
-	if q.inFlight < q.limit {
-		q.inFlight++
-		q.mu.Unlock()
-		res, err := single(ctx)
-		q.finished()
-		return res, err
-	}
-	m := &gcMember[Req, Res]{req: req, key: key, done: make(chan struct{})}
-	q.queue = append(q.queue, m)
-	q.mu.Unlock()
-	var zero Res
-	select {
-	case <-m.done:
-	case <-ctx.Done():
-		q.mu.Lock()
-		select {
-		case <-m.done: // answered meanwhile
-			q.mu.Unlock()
-		default:
-			if m.batch == nil {
-				// Still queued: leave, and nothing of this call is sent.
-				q.queue = slices.DeleteFunc(q.queue, func(o *gcMember[Req, Res]) bool { return o == m })
-				q.mu.Unlock()
-				return zero, pg.NotSent(o, key, true, ctx.Err())
-			}
-			m.batch.live--
-			if m.batch.live == 0 {
-				m.batch.cancel()
-			}
-			q.mu.Unlock()
-			return zero, pg.InFlight(o, key, true, ctx.Err())
-		}
-	}
-	if (m.err == errSentAlone || m.err == errAlone) && ctx.Err() != nil {
-		// Nothing of this call was applied: its batch did not settle it,
-		// and it has not been sent alone.
-		if m.err == errSentAlone {
-			q.finished()
-		}
-		return zero, pg.NotSent(o, key, true, ctx.Err())
-	}
-	switch m.err {
-	case errSentAlone:
-		// This call has its batch's place in flight.
-		res, err := single(ctx)
-		q.finished()
-		return res, err
-	case errAlone:
-		q.alone.Add(1)
-		return single(ctx)
-	}
-	return m.res, m.err
-}
-
-// finished is called when a statement of this kind ends: the queue, if
-// any, goes next as a batch, sent from a goroutine of its own (the caller
-// returns to its own caller), which keeps the finished statement's place
-// in flight.
-func (q *gcQueue[Req, Res]) finished() {
-	q.mu.Lock()
-	members, ctx, handed := q.take()
-	if members == nil && !handed {
-		q.inFlight--
-	}
-	q.mu.Unlock()
-	if members != nil {
-		go q.run(ctx, members)
-	}
-}
-
-// run sends batches until the queue is empty.
-func (q *gcQueue[Req, Res]) run(ctx context.Context, members []*gcMember[Req, Res]) {
-	for members != nil {
-		q.batches.Add(1)
-		q.send(ctx, members)
-		q.mu.Lock()
-		members[0].batch.cancel()
-		for _, m := range members {
-			close(m.done)
-		}
-		var handed bool
-		members, ctx, handed = q.take()
-		if members == nil && !handed {
-			q.inFlight--
-		}
-		q.mu.Unlock()
-	}
-}
-
-// take removes the next batch from the queue: at most maxBatch members, in
-// arrival order, one per key (a later request for a key stays queued). It
-// returns nil when the queue is empty. A batch of one member is not sent
-// as a batch: take hands that member the place in flight (handed), and it
-// sends its request itself, with the single statement. q.mu is held.
-func (q *gcQueue[Req, Res]) take() (members []*gcMember[Req, Res], ctx context.Context, handed bool) {
-	if len(q.queue) == 0 {
-		return nil, nil, false
-	}
-	seen := make(map[string]bool, len(q.queue))
-	rest := q.queue[:0]
-	for _, m := range q.queue {
-		if len(members) == maxBatch || seen[m.key] {
-			rest = append(rest, m)
-			continue
-		}
-		seen[m.key] = true
-		members = append(members, m)
-	}
-	clear(q.queue[len(rest):])
-	q.queue = rest
-	if len(members) == 1 {
-		members[0].err = errSentAlone
-		close(members[0].done)
-		return nil, nil, true
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	b := &gcBatch{cancel: cancel, live: len(members)}
-	for _, m := range members {
-		m.batch = b
-	}
-	return members, ctx, false
+// newQueue returns the group commit queue of operation o (see the
+// comment above), which send sends as batches.
+func newQueue[Req, Res any](o outcome.Op, limit int, send func(context.Context, []*groupcommit.Member[Req, Res])) *groupcommit.Queue[Req, Res] {
+	return &groupcommit.Queue[Req, Res]{Limit: limit, MaxMembers: maxBatch, Send: send,
+		NotSent:  func(key string, err error) error { return pg.NotSent(o, key, true, err) },
+		InFlight: func(key string, err error) error { return pg.InFlight(o, key, true, err) }}
 }
 
 // batchFailed sets every member's outcome after a batch statement failed
 // with err: a statement the server refused was rolled back, and each
 // member is sent alone; otherwise (a reply lost, a commit not settled, no
 // connection) each member gets the error the single statement would give.
-func batchFailed[Req, Res any](ctx context.Context, b *Backend, o outcome.Op, members []*gcMember[Req, Res], err error) {
+func batchFailed[Req, Res any](ctx context.Context, b *Backend, o outcome.Op, members []*groupcommit.Member[Req, Res], err error) {
 	_, refused := errors.AsType[*pgconn.PgError](err)
 	if _, unsettled := errors.AsType[*unsettledError](err); unsettled {
 		refused = false
 	}
 	for _, m := range members {
 		if refused {
-			m.err = errAlone
+			m.Err = groupcommit.ErrAlone
 			continue
 		}
-		m.err = b.translate(ctx, o, m.key, err)
+		m.Err = b.translate(ctx, o, m.Key, err)
 	}
 }
 
 // acquireMember is a queued TryAcquire.
-type acquireMember = gcMember[sqllock.AcquireRequest, sqllock.Lease]
+type acquireMember = groupcommit.Member[sqllock.AcquireRequest, sqllock.Lease]
 
 // sendAcquires sends members (distinct keys) as one acquire_batch.sql.
 func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
@@ -375,10 +210,10 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 	values := make([][]byte, len(members))
 	holds := make([]int64, len(members))
 	for i, m := range members {
-		at[m.key] = i
-		keys[i], micros[i], owners[i], holds[i] = m.req.Key, leaseMicros(m.req.TTL), m.req.Owner, holdMicros(m.req.MinHold)
-		if len(m.req.Value) > 0 {
-			values[i] = m.req.Value // else nil: NULL
+		at[m.Key] = i
+		keys[i], micros[i], owners[i], holds[i] = m.Req.Key, leaseMicros(m.Req.TTL), m.Req.Owner, holdMicros(m.Req.MinHold)
+		if len(m.Req.Value) > 0 {
+			values[i] = m.Req.Value // else nil: NULL
 		}
 	}
 	rows := make([]acquireRow, len(members))
@@ -402,15 +237,15 @@ func (b *Backend) sendAcquires(ctx context.Context, members []*acquireMember) {
 	for i, m := range members {
 		switch {
 		case !got[i], rows[i].skipped:
-			m.err = errAlone
+			m.Err = groupcommit.ErrAlone
 		default:
-			m.res, m.err = acquired(m.req, rows[i])
+			m.Res, m.Err = acquired(m.Req, rows[i])
 		}
 	}
 }
 
 // releaseMember is a queued Release.
-type releaseMember = gcMember[sqllock.Lease, struct{}]
+type releaseMember = groupcommit.Member[sqllock.Lease, struct{}]
 
 // sendReleases sends members (distinct keys) as one release_batch.sql.
 func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
@@ -422,8 +257,8 @@ func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 	tokens := make([]int64, len(members))
 	owners := make([]string, len(members))
 	for i, m := range members {
-		at[m.key] = i
-		keys[i], tokens[i], owners[i] = m.req.Key, m.req.Token, m.req.Owner
+		at[m.Key] = i
+		keys[i], tokens[i], owners[i] = m.Req.Key, m.Req.Token, m.Req.Owner
 	}
 	type row struct {
 		released, valid, held bool
@@ -449,23 +284,23 @@ func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 		return
 	}
 	for i, m := range members {
-		r, l := rows[i], m.req
+		r, l := rows[i], m.Req
 		switch {
 		case !got[i]:
-			m.err = errAlone
+			m.Err = groupcommit.ErrAlone
 		case r.released && r.valid:
 		case r.released:
-			m.err = &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
+			m.Err = &sqllock.LostError{Key: l.Key, Token: l.Token, Reason: sqllock.LostExpired}
 		case r.current == l.Token && r.held:
 			// Skipped (its row was locked), or changed since the
 			// snapshot: alone, the single statement waits for the row and
 			// reads what happened.
-			m.err = errAlone
+			m.Err = groupcommit.ErrAlone
 		default:
 			if err := releasedLost(l, r.current > 0, r.current, r.held, r.owner); err == errRaced {
-				m.err = errAlone
+				m.Err = groupcommit.ErrAlone
 			} else {
-				m.err = err
+				m.Err = err
 			}
 		}
 	}
@@ -473,15 +308,15 @@ func (b *Backend) sendReleases(ctx context.Context, members []*releaseMember) {
 
 // batches reports whether members can go as a batch: only at the latest
 // schema version (the batch statements use every column). Otherwise, or
-// when the version cannot be read, each member is sent alone (errAlone),
+// when the version cannot be read, each member is sent alone (groupcommit.ErrAlone),
 // and gets the single statement's answer.
-func batches[Req, Res any](ctx context.Context, b *Backend, members []*gcMember[Req, Res]) bool {
-	st, err := b.statements(ctx, outcome.Acquire, members[0].key)
+func batches[Req, Res any](ctx context.Context, b *Backend, members []*groupcommit.Member[Req, Res]) bool {
+	st, err := b.statements(ctx, outcome.Acquire, members[0].Key)
 	if err == nil && st.version == latest {
 		return true
 	}
 	for _, m := range members {
-		m.err = errAlone
+		m.Err = groupcommit.ErrAlone
 	}
 	return false
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ashlock/ashlock/internal/groupcommit"
 	"github.com/ashlock/ashlock/internal/testkit/pgtest"
 	"github.com/ashlock/ashlock/sqllock"
 	"github.com/ashlock/ashlock/sqllock/backendtest"
@@ -28,40 +29,24 @@ import (
 // coalesceAlways makes b coalesce every call that arrives while one
 // statement of its kind is in flight.
 func coalesceAlways(b *Backend) {
-	b.acquireQ.limit, b.releaseQ.limit = 1, 1
+	b.acquireQ.Limit, b.releaseQ.Limit = 1, 1
 }
 
-func holdQueue[Req, Res any](q *gcQueue[Req, Res]) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.inFlight = q.limit
-}
+func holdQueue[Req, Res any](q *groupcommit.Queue[Req, Res]) { q.Hold() }
 
 // waitQueued waits until n calls are queued in q.
-func waitQueued[Req, Res any](t *testing.T, q *gcQueue[Req, Res], n int) {
+func waitQueued[Req, Res any](t *testing.T, q *groupcommit.Queue[Req, Res], n int) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return len(q.queue) == n
-	}, 10*time.Second, time.Millisecond, "calls queued")
+	require.Eventually(t, func() bool { return q.Queued() == n }, 10*time.Second, time.Millisecond, "calls queued")
 }
 
 // flushQueue ends one held statement: the queue goes as batches.
-func flushQueue[Req, Res any](q *gcQueue[Req, Res]) { q.finished() }
+func flushQueue[Req, Res any](q *groupcommit.Queue[Req, Res]) { q.Flush() }
 
 // unholdQueue waits for the batches to end and frees the held statements.
-func unholdQueue[Req, Res any](t *testing.T, q *gcQueue[Req, Res]) {
+func unholdQueue[Req, Res any](t *testing.T, q *groupcommit.Queue[Req, Res]) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		if len(q.queue) == 0 && q.inFlight == q.limit-1 {
-			q.inFlight = 0
-			return true
-		}
-		return false
-	}, 10*time.Second, time.Millisecond)
+	require.Eventually(t, q.Unhold, 10*time.Second, time.Millisecond)
 }
 
 type acquireResult struct {
@@ -183,9 +168,9 @@ func groupCommitHistory(t *testing.T, b *Backend) {
 		require.NoError(t, err)
 	}
 	t.Logf("grants %d, refused %d, acquire batches %d, release batches %d, conflict resends %d",
-		grants.Load(), refused.Load(), b.acquireQ.batches.Load(), b.releaseQ.batches.Load(), b.conflictRetries.Load())
-	require.Positive(t, b.acquireQ.batches.Load(), "no acquire was coalesced")
-	require.Positive(t, b.releaseQ.batches.Load(), "no release was coalesced")
+		grants.Load(), refused.Load(), b.acquireQ.Batches(), b.releaseQ.Batches(), b.conflictRetries.Load())
+	require.Positive(t, b.acquireQ.Batches(), "no acquire was coalesced")
+	require.Positive(t, b.releaseQ.Batches(), "no release was coalesced")
 	require.Greater(t, grants.Load(), int64(workers*pairs/4))
 }
 
@@ -228,8 +213,8 @@ func TestGroupCommitLockedRowDoesNotStall(t *testing.T) {
 	require.NoError(t, locked.err)
 	require.EqualValues(t, 2, locked.l.Token)
 	require.NoError(t, recv(t, rlockedCh))
-	require.EqualValues(t, 1, b.acquireQ.batches.Load())
-	require.EqualValues(t, 1, b.releaseQ.batches.Load())
+	require.EqualValues(t, 1, b.acquireQ.Batches())
+	require.EqualValues(t, 1, b.releaseQ.Batches())
 	unholdQueue(t, b.acquireQ)
 	unholdQueue(t, b.releaseQ)
 }
@@ -283,7 +268,7 @@ func TestGroupCommitTwoBackends(t *testing.T) {
 	}
 	var batches, resends int64
 	for _, b := range backends {
-		batches += b.acquireQ.batches.Load() + b.releaseQ.batches.Load()
+		batches += b.acquireQ.Batches() + b.releaseQ.Batches()
 		resends += b.conflictRetries.Load()
 	}
 	t.Logf("grants %d, batches %d, conflict resends %d", grants.Load(), batches, resends)
@@ -297,18 +282,18 @@ func TestGroupCommitTwoBackends(t *testing.T) {
 func TestGroupCommitIdleSendsAlone(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t, Options{}).backend
-	require.Equal(t, groupCommitInFlight, b.acquireQ.limit, "on by default")
+	require.Equal(t, groupCommitInFlight, b.acquireQ.Limit, "on by default")
 	for i := range 20 {
 		l := acquireOK(t, b, "k"+strconv.Itoa(i%3), "o", time.Minute)
 		require.NoError(t, b.Release(testCtx(t), l))
 	}
-	require.Zero(t, b.acquireQ.batches.Load())
-	require.Zero(t, b.releaseQ.batches.Load())
-	require.Zero(t, b.acquireQ.inFlight)
-	require.Zero(t, b.releaseQ.inFlight)
+	require.Zero(t, b.acquireQ.Batches())
+	require.Zero(t, b.releaseQ.Batches())
+	require.Zero(t, b.acquireQ.Sending())
+	require.Zero(t, b.releaseQ.Sending())
 
 	off := newBundle(t, Options{DisableGroupCommit: true}).backend
-	require.Zero(t, off.acquireQ.limit)
+	require.Zero(t, off.acquireQ.Limit)
 }
 
 // Two calls for one key never share a batch: the second goes in the next
@@ -333,8 +318,8 @@ func TestGroupCommitSameKeyTwice(t *testing.T) {
 	var he *sqllock.HeldError
 	require.ErrorAs(t, r2.err, &he)
 	require.Equal(t, "o1", he.Owner, "the second call saw the first's grant")
-	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "one batch, then the second call alone")
-	require.Zero(t, b.acquireQ.alone.Load(), "the batch answered both of its members")
+	require.EqualValues(t, 1, b.acquireQ.Batches(), "one batch, then the second call alone")
+	require.Zero(t, b.acquireQ.Alone(), "the batch answered both of its members")
 	unholdQueue(t, b.acquireQ)
 }
 
@@ -355,7 +340,7 @@ func TestGroupCommitQueuedCancelSendsNothing(t *testing.T) {
 	waitQueued(t, b.acquireQ, 0)
 	flushQueue(b.acquireQ)
 	unholdQueue(t, b.acquireQ)
-	require.Zero(t, b.acquireQ.batches.Load())
+	require.Zero(t, b.acquireQ.Batches())
 	var n int
 	require.NoError(t, b.pool.QueryRow(testCtx(t), "SELECT count(*) FROM "+b.table).Scan(&n))
 	require.Zero(t, n, "the cancelled call was sent")
@@ -444,7 +429,7 @@ func TestGroupCommitReleaseNotifies(t *testing.T) {
 	flushQueue(b.releaseQ)
 	require.NoError(t, recv(t, r1))
 	require.NoError(t, recv(t, r2))
-	require.EqualValues(t, 1, b.releaseQ.batches.Load())
+	require.EqualValues(t, 1, b.releaseQ.Batches())
 	select {
 	case <-ch:
 	case <-time.After(10 * time.Second):
@@ -493,7 +478,7 @@ func TestGroupCommitGrantsDurable(t *testing.T) {
 	require.ErrorIs(t, err, sqllock.ErrNotAcquired, "a waiting acquire was queued")
 	flushQueue(b.acquireQ)
 	unholdQueue(t, b.acquireQ)
-	require.Zero(t, b.acquireQ.batches.Load())
+	require.Zero(t, b.acquireQ.Batches())
 }
 
 // Per-lease outcomes of a batch of releases are the single release's: a
@@ -526,8 +511,8 @@ func TestGroupCommitReleaseOutcomes(t *testing.T) {
 	require.ErrorAs(t, recv(t, chs[2]), &lost)
 	require.Equal(t, sqllock.LostTaken, lost.Reason)
 	require.NoError(t, recv(t, chs[3]))
-	require.EqualValues(t, 1, b.releaseQ.batches.Load())
-	require.Zero(t, b.releaseQ.alone.Load(), "the batch answered every member")
+	require.EqualValues(t, 1, b.releaseQ.Batches())
+	require.Zero(t, b.releaseQ.Alone(), "the batch answered every member")
 	unholdQueue(t, b.releaseQ)
 	infos, err := b.List(ctx, "")
 	require.NoError(t, err)
@@ -568,7 +553,7 @@ END $$`)
 	flushQueue(b.acquireQ)
 	ra, rb, rc := recv(t, chs["a"]), recv(t, chs["b"]), recv(t, chs["c"])
 	unholdQueue(t, b.acquireQ)
-	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "the calls went as one batch")
+	require.EqualValues(t, 1, b.acquireQ.Batches(), "the calls went as one batch")
 	var he *sqllock.HeldError
 	require.ErrorAs(t, ra.err, &he, "a held key, sent alone after the batch failed")
 	require.Equal(t, "other", he.Owner)
@@ -588,7 +573,7 @@ END $$`)
 		require.NoError(t, recv(t, ch), "a release, sent alone after the batch failed")
 	}
 	unholdQueue(t, b.releaseQ)
-	require.EqualValues(t, 1, b.releaseQ.batches.Load(), "the releases went as one batch")
+	require.EqualValues(t, 1, b.releaseQ.Batches(), "the releases went as one batch")
 	infos, err := b.List(ctx, "")
 	require.NoError(t, err)
 	for _, in := range infos {
@@ -653,8 +638,8 @@ func groupCommitBatches(t *testing.T, b *Backend) {
 	flushQueue(b.acquireQ)
 	free, held, fresh, expired := recv(t, chs[0]), recv(t, chs[1]), recv(t, chs[2]), recv(t, chs[3])
 	unholdQueue(t, b.acquireQ)
-	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "the acquires went as one batch")
-	require.Zero(t, b.acquireQ.alone.Load(), "the batch left members to be sent alone")
+	require.EqualValues(t, 1, b.acquireQ.Batches(), "the acquires went as one batch")
+	require.Zero(t, b.acquireQ.Alone(), "the batch left members to be sent alone")
 	require.NoError(t, free.err)
 	require.EqualValues(t, 2, free.l.Token)
 	var he *sqllock.HeldError
@@ -696,8 +681,8 @@ func groupCommitBatches(t *testing.T, b *Backend) {
 	require.Equal(t, sqllock.LostTaken, lost.Reason)
 	require.NoError(t, recv(t, rels[3]))
 	unholdQueue(t, b.releaseQ)
-	require.EqualValues(t, 1, b.releaseQ.batches.Load(), "the releases went as one batch")
-	require.Zero(t, b.releaseQ.alone.Load(), "the batch left members to be sent alone")
+	require.EqualValues(t, 1, b.releaseQ.Batches(), "the releases went as one batch")
+	require.Zero(t, b.releaseQ.Alone(), "the batch left members to be sent alone")
 	infos, err = b.List(ctx, "")
 	require.NoError(t, err)
 	require.Len(t, infos, 4)
@@ -734,7 +719,7 @@ func TestGroupCommitTokens(t *testing.T) {
 		sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "o"},
 		sqllock.AcquireRequest{Key: "released", TTL: time.Minute, Owner: "o"},
 		sqllock.AcquireRequest{Key: "expired", TTL: time.Minute, Owner: "o"})
-	require.EqualValues(t, 1, b.acquireQ.batches.Load(), "the calls went as one batch")
+	require.EqualValues(t, 1, b.acquireQ.Batches(), "the calls went as one batch")
 	r, rr, re := res[0], res[1], res[2]
 	require.NoError(t, rr.err)
 	require.Equal(t, released.Token+1, rr.l.Token, "a new tenure of a released key")
@@ -854,7 +839,7 @@ func TestGroupCommitReleaseNotifiesOnlyWhenWaited(t *testing.T) {
 		require.NoError(t, recv(t, ch))
 	}
 	unholdQueue(t, b.releaseQ)
-	require.EqualValues(t, 1, b.releaseQ.batches.Load(), "the releases went as one batch")
+	require.EqualValues(t, 1, b.releaseQ.Batches(), "the releases went as one batch")
 	require.NoError(t, b.Release(ctx, last)) // alone: notifies after the batch's commit
 
 	var got []string

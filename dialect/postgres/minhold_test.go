@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ashlock/ashlock/internal/groupcommit"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -41,9 +42,9 @@ func releaseBatch(t *testing.T, b *Backend, ls ...sqllock.Lease) []error {
 // oneBatch sends each of ins through send while q is held, so that they
 // queue, lets them go as one batch statement, and returns their answers
 // in order.
-func oneBatch[Req, Res, In, Out any](t *testing.T, q *gcQueue[Req, Res], ins []In, send func(In) chan Out) []Out {
+func oneBatch[Req, Res, In, Out any](t *testing.T, q *groupcommit.Queue[Req, Res], ins []In, send func(In) chan Out) []Out {
 	t.Helper()
-	batches := q.batches.Load()
+	batches := q.Batches()
 	holdQueue(q)
 	chs := make([]chan Out, len(ins))
 	for i, in := range ins {
@@ -56,7 +57,7 @@ func oneBatch[Req, Res, In, Out any](t *testing.T, q *gcQueue[Req, Res], ins []I
 		out[i] = recv(t, ch)
 	}
 	unholdQueue(t, q)
-	require.Equal(t, batches+1, q.batches.Load(), "one batch")
+	require.Equal(t, batches+1, q.Batches(), "one batch")
 	return out
 }
 
@@ -112,7 +113,7 @@ func TestGroupCommitMinHold(t *testing.T) {
 	for _, r := range res {
 		require.NoError(t, r.err)
 	}
-	require.Zero(t, b.acquireQ.alone.Load(), "the batch granted every member")
+	require.Zero(t, b.acquireQ.Alone(), "the batch granted every member")
 	held, forced, plain := res[0].l, res[1].l, res[2].l
 	requireHeldUntil(t, b, held, hold, "granted in a batch")
 	require.Less(t, plain.Deadline.Sub(plain.BackendTime), 2*time.Minute, "a grant without a hold")
@@ -121,7 +122,7 @@ func TestGroupCommitMinHold(t *testing.T) {
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	require.Zero(t, b.releaseQ.alone.Load(), "the batch released every member")
+	require.Zero(t, b.releaseQ.Alone(), "the batch released every member")
 	requireHeldUntil(t, b, held, hold, "released in a batch inside its hold")
 	require.False(t, listed(t, b, "forced").Held, "a forced release in a batch ends the hold")
 	require.False(t, listed(t, b, "plain").Held, "a release without a hold frees the key")

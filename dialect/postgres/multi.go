@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/ashlock/ashlock/internal/groupcommit"
 	"github.com/ashlock/ashlock/internal/outcome"
 	"github.com/ashlock/ashlock/sqllock"
 )
@@ -174,11 +175,11 @@ func (b *Backend) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, 
 	}
 	members := make([]*releaseMember, len(ls))
 	for i, l := range ls {
-		members[i] = &releaseMember{req: l, key: l.Key}
+		members[i] = &releaseMember{Req: l, Key: l.Key}
 	}
 	out := make([]error, len(ls))
 	if len(ls) == 1 {
-		members[0].err = errAlone
+		members[0].Err = groupcommit.ErrAlone
 	} else {
 		b.sendReleases(ctx, members)
 	}
@@ -188,7 +189,7 @@ func (b *Backend) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, 
 	}
 	slices.SortFunc(order, func(i, j int) int { return strings.Compare(ls[i].Key, ls[j].Key) })
 	for _, i := range order {
-		if out[i] = members[i].err; out[i] == errAlone {
+		if out[i] = members[i].Err; out[i] == groupcommit.ErrAlone {
 			out[i] = b.releaseAlone(ctx, ls[i])
 		}
 	}

@@ -235,7 +235,7 @@ func TestDBNoValueIsNULL(t *testing.T) {
 				require.NoError(t, recv(t, ch).err)
 			}
 			unholdQueue(t, b.acquireQ)
-			require.EqualValues(t, 1, b.acquireQ.batches.Load())
+			require.EqualValues(t, 1, b.acquireQ.Batches())
 			rows, err := bundle.db.Pool.Query(ctx, "SELECT key, value FROM "+b.table+" ORDER BY key")
 			require.NoError(t, err)
 			got := map[string][]byte{}
