@@ -142,6 +142,50 @@ func TestSharedWriterRacesFirstReader(t *testing.T) {
 	require.Equal(t, 1, he.Shared)
 }
 
+// A reader's release and a forced release of its slot wait together on
+// K's row (locked by another transaction): the first to get it releases
+// the slot and counts one reader fewer; the second finds the slot's
+// newest row released and counts nothing, so K stays held by the other
+// reader.
+func TestSharedTwoReleasesOfOneSlotCountOnce(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	r1, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "r1", Shared: true})
+	require.NoError(t, err)
+	r2, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "r2", Shared: true})
+	require.NoError(t, err)
+	pid, rollback := lockRows(t, adminPool(b), b.table, "k")
+	done := make(chan error, 2)
+	for _, l := range []sqllock.Lease{r1, {Key: r1.Key, Token: r1.Token, Owner: "admin"}} {
+		go func() { done <- b.Release(testCtx(t), l) }()
+	}
+	// The second waits behind the first (on its tuple lock), not on pid.
+	deadline := time.Now().Add(10 * time.Second)
+	for n := 0; n < 2; {
+		require.True(t, time.Now().Before(deadline), "the two releases did not come to wait on K's row")
+		time.Sleep(2 * time.Millisecond)
+		require.NoError(t, adminPool(b).QueryRow(testCtx(t), `WITH RECURSIVE w(pid) AS (
+				SELECT a.pid FROM pg_stat_activity AS a WHERE $1::int = ANY(pg_blocking_pids(a.pid))
+				UNION SELECT a.pid FROM pg_stat_activity AS a, w WHERE w.pid = ANY(pg_blocking_pids(a.pid)))
+			SELECT count(*) FROM w`, int(pid)).Scan(&n))
+	}
+	rollback()
+	for range 2 {
+		if err := <-done; err != nil {
+			require.ErrorIs(t, err, sqllock.ErrLeaseLost)
+		}
+	}
+	all, err := b.List(testCtx(t), "k")
+	require.NoError(t, err)
+	require.Equal(t, "k", all[0].Key)
+	require.True(t, all[0].Held, "K freed beside reader %s: %+v", r2.Key, all)
+	require.Equal(t, 1, all[0].Shared, "readers counted on K: %+v", all)
+	_, err = b.TryRenew(testCtx(t), r2, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, b.Release(testCtx(t), r2))
+	acquireOK(t, b, "k", "w", time.Minute) // the count reached 0: K is free
+}
+
 // The shared statements find K's row and its reader slots through the
 // key's index in the plan the server keeps for them, as a set's do
 // (TestSetStatementsFindRowsByIndex): a plan that joined the slots'
