@@ -253,8 +253,9 @@ func TestMultiGrantIsDurable(t *testing.T) {
 				deadline, now time.Time
 				owner         string
 				value         []byte
+				shared        int
 			)
-			require.NoError(t, rows.Scan(&key, &ok, &token, &deadline, &held, &owner, &now, &g, &unlocked, &value))
+			require.NoError(t, rows.Scan(&key, &ok, &token, &deadline, &held, &owner, &now, &g, &unlocked, &value, &shared))
 			if ok {
 				granted++
 			}

@@ -186,6 +186,36 @@ func TestSharedTwoReleasesOfOneSlotCountOnce(t *testing.T) {
 	acquireOK(t, b, "k", "w", time.Minute) // the count reached 0: K is free
 }
 
+// A set refused by a key that readers hold says so as a single
+// exclusive acquire's refusal does: no owner, the readers' count, and
+// the time until the last reader's deadline; nothing of the set granted.
+func TestSetRefusedByReadersReportsTheirCount(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	ctx := testCtx(t)
+	for _, owner := range []string{"r1", "r2"} {
+		_, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "b", TTL: time.Minute, Owner: owner, Shared: true})
+		require.NoError(t, err)
+	}
+	_, err := b.TryAcquireAll(ctx, sqllock.MultiAcquireRequest{Keys: []string{"a", "b", "c"}, TTL: time.Minute, Owner: "set"})
+	require.ErrorIs(t, err, sqllock.ErrNotAcquired)
+	var he *sqllock.HeldError
+	require.ErrorAs(t, err, &he)
+	require.Equal(t, "b", he.Key)
+	require.Empty(t, he.Owner)
+	require.Equal(t, 2, he.Shared, "the readers' count in %+v", he)
+	require.Greater(t, he.Remaining, 50*time.Second)
+	_, single := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "b", TTL: time.Minute, Owner: "w"})
+	var hs *sqllock.HeldError
+	require.ErrorAs(t, single, &hs)
+	require.Equal(t, hs.Shared, he.Shared, "a set's refusal and a single acquire's differ")
+	all, err := b.List(ctx, "")
+	require.NoError(t, err)
+	for _, i := range all {
+		require.NotEqual(t, "set", i.Owner, "a key of the refused set was granted: %+v", i)
+	}
+}
+
 // The shared statements find K's row and its reader slots through the
 // key's index in the plan the server keeps for them, as a set's do
 // (TestSetStatementsFindRowsByIndex): a plan that joined the slots'
