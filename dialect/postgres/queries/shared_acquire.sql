@@ -24,7 +24,7 @@ WITH k AS MATERIALIZED (
     SELECT c.token, c.held, c.deadline, c.owner, c.value, c.hold_until, c.shared, c.epoch, c.slots,
            c.mark_owner, c.mark_deadline,
            coalesce(c.held AND c.owner = '' AND c.deadline > statement_timestamp(), false) AS live,
-           (SELECT f.last_value FROM {{.Floor}} AS f) AS floor
+           CASE WHEN c.key IS NULL THEN (SELECT f.last_value FROM {{.Floor}} AS f) END AS floor
     FROM (SELECT) AS one LEFT JOIN {{.Table}} AS c ON c.key = $1
 ), pick AS MATERIALIZED (
     SELECT p.i, s.token AS stoken, s.value AS svalue,
