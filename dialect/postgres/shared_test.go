@@ -159,16 +159,7 @@ func TestSharedTwoReleasesOfOneSlotCountOnce(t *testing.T) {
 	for _, l := range []sqllock.Lease{r1, {Key: r1.Key, Token: r1.Token, Owner: "admin"}} {
 		go func() { done <- b.Release(testCtx(t), l) }()
 	}
-	// The second waits behind the first (on its tuple lock), not on pid.
-	deadline := time.Now().Add(10 * time.Second)
-	for n := 0; n < 2; {
-		require.True(t, time.Now().Before(deadline), "the two releases did not come to wait on K's row")
-		time.Sleep(2 * time.Millisecond)
-		require.NoError(t, adminPool(b).QueryRow(testCtx(t), `WITH RECURSIVE w(pid) AS (
-				SELECT a.pid FROM pg_stat_activity AS a WHERE $1::int = ANY(pg_blocking_pids(a.pid))
-				UNION SELECT a.pid FROM pg_stat_activity AS a, w WHERE w.pid = ANY(pg_blocking_pids(a.pid)))
-			SELECT count(*) FROM w`, int(pid)).Scan(&n))
-	}
+	waitQueuedBehind(t, b, int(pid), 2)
 	rollback()
 	for range 2 {
 		if err := <-done; err != nil {
@@ -214,6 +205,58 @@ func TestSetRefusedByReadersReportsTheirCount(t *testing.T) {
 	for _, i := range all {
 		require.NotEqual(t, "set", i.Owner, "a key of the refused set was granted: %+v", i)
 	}
+}
+
+// waitQueuedBehind waits until n sessions wait on session pid, directly
+// or behind another waiter (the second waiter for a row lock waits on
+// the first's tuple lock, not on pid).
+func waitQueuedBehind(t *testing.T, b *Backend, pid, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for got := 0; got < n; {
+		require.True(t, time.Now().Before(deadline), "fewer than %d statements came to wait on session %d", n, pid)
+		time.Sleep(2 * time.Millisecond)
+		require.NoError(t, adminPool(b).QueryRow(testCtx(t), `WITH RECURSIVE w(pid) AS (
+				SELECT a.pid FROM pg_stat_activity AS a WHERE $1::int = ANY(pg_blocking_pids(a.pid))
+				UNION SELECT a.pid FROM pg_stat_activity AS a, w WHERE w.pid = ANY(pg_blocking_pids(a.pid)))
+			SELECT count(*) FROM w`, pid).Scan(&got))
+	}
+}
+
+// A reader's renewal queued behind a forced release of its slot (both
+// wait on K's row, which another transaction holds, the release first)
+// finds the slot's newest row released: it reports the loss and renews
+// neither the slot nor K.
+func TestSharedRenewAfterForcedReleaseIsLost(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, Options{}).backend
+	r1, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "r1", Shared: true})
+	require.NoError(t, err)
+	r2, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: time.Minute, Owner: "r2", Shared: true})
+	require.NoError(t, err)
+	pid, rollback := lockRows(t, adminPool(b), b.table, "k")
+	released := make(chan error, 1)
+	go func() { released <- b.Release(testCtx(t), sqllock.Lease{Key: r1.Key, Token: r1.Token, Owner: "admin"}) }()
+	waitQueuedBehind(t, b, int(pid), 1)
+	renewed := make(chan error, 1)
+	go func() {
+		_, err := b.TryRenew(testCtx(t), r1, 2*time.Minute)
+		renewed <- err
+	}()
+	waitQueuedBehind(t, b, int(pid), 2)
+	rollback()
+	require.NoError(t, <-released)
+	err = <-renewed
+	var lost *sqllock.LostError
+	require.ErrorAs(t, err, &lost, "a renewal after its slot's forced release")
+	require.Equal(t, sqllock.LostReleased, lost.Reason)
+	all, err := b.List(testCtx(t), "k")
+	require.NoError(t, err)
+	require.Equal(t, "k", all[0].Key)
+	require.Equal(t, 1, all[0].Shared, "readers counted on K: %+v", all)
+	require.Less(t, all[0].Remaining, 61*time.Second, "K's deadline moved by the lost renewal: %+v", all)
+	_, err = b.TryRenew(testCtx(t), r2, time.Minute)
+	require.NoError(t, err)
 }
 
 // The shared statements find K's row and its reader slots through the
