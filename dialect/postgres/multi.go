@@ -58,9 +58,9 @@ func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 		key string
 		r   acquireAllRow
 	)
-	err = b.queryRowsVia(ctx, sendOpts{pooler: true}, b.full.acquireAll,
+	err = b.queryRowsVia(ctx, sendOpts{pooler: true}, st.acquireAll,
 		[]any{string(keys), leaseMicros(req.TTL), req.Owner, nonEmpty(req.Value)},
-		[]any{&key, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.grantable, &r.unlocked, &r.value}, func() error {
+		[]any{&key, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.grantable, &r.unlocked, &r.value, &r.shared}, func() error {
 			rows[key] = r
 			r.value = nil // scanned fresh for the next row
 			return nil
@@ -111,7 +111,7 @@ func acquiredAll(req sqllock.MultiAcquireRequest, sorted []string, rows map[stri
 		switch {
 		case r.grantable:
 		case r.held && r.deadline.After(r.now):
-			return nil, &sqllock.HeldError{Key: k, Owner: r.owner, Token: r.token, Remaining: r.deadline.Sub(r.now), Value: nonEmpty(r.value)}
+			return nil, &sqllock.HeldError{Key: k, Owner: r.owner, Token: r.token, Remaining: r.deadline.Sub(r.now), Value: nonEmpty(r.value), Shared: r.shared}
 		case r.token == math.MaxInt64:
 			return nil, fmt.Errorf("%w: %q reached token %d", sqllock.ErrTokenExhausted, k, r.token)
 		default:

@@ -253,8 +253,9 @@ func TestMultiGrantIsDurable(t *testing.T) {
 				deadline, now time.Time
 				owner         string
 				value         []byte
+				shared        int
 			)
-			require.NoError(t, rows.Scan(&key, &ok, &token, &deadline, &held, &owner, &now, &g, &unlocked, &value))
+			require.NoError(t, rows.Scan(&key, &ok, &token, &deadline, &held, &owner, &now, &g, &unlocked, &value, &shared))
 			if ok {
 				granted++
 			}
@@ -311,37 +312,46 @@ func TestSetStatementsFindRowsByIndex(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			bundle := newBundle(t, Options{})
-			b := bundle.backend
-			ctx := testCtx(t)
-			c, err := bundle.db.Pool.Acquire(ctx)
-			require.NoError(t, err)
-			defer c.Release()
-			defer func() { _, _ = c.Exec(context.WithoutCancel(ctx), "DISCARD ALL") }()
-			_, err = c.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
-			require.NoError(t, err)
-			_, err = c.Exec(ctx, "PREPARE set_stmt AS "+tc.statement(b))
-			require.NoError(t, err)
-			explain := func() []string {
-				var plan []map[string]any
-				require.NoError(t, c.QueryRow(ctx, "EXPLAIN (FORMAT JSON) EXECUTE set_stmt("+tc.args+")").Scan(&plan))
-				return tableScans(t, plan)
-			}
-			// The plan made on the table as the first statement finds it
-			// (empty, never analyzed), kept as keys come; and the plans
-			// made after an ANALYZE of a small table, kept as it grows.
-			require.Empty(t, explain(), "the generic plan made on an empty table scans the lock table")
-			have := 0
-			for _, n := range []int{1000, 5000} {
-				_, err = bundle.db.Pool.Exec(ctx, "INSERT INTO "+b.table+" (key, token, held, deadline, owner) SELECT 'k' || g, 1, g % 7 = 0, clock_timestamp(), 'fill' FROM generate_series($1::int, $2::int) AS g", have+1, n)
-				require.NoError(t, err)
-				have = n
-				require.Empty(t, explain(), "the generic plan made before %d keys came scans the lock table", n)
-				_, err = bundle.db.Pool.Exec(ctx, "ANALYZE "+b.table)
-				require.NoError(t, err)
-				require.Empty(t, explain(), "the generic plan made on %d analyzed keys scans the lock table", n)
-			}
+			requireIndexedPlans(t, tc.statement, tc.args)
 		})
+	}
+}
+
+// requireIndexedPlans checks that the generic plans of the statement
+// that statement picks from a Backend, made on an empty table, on one
+// that grew to 1,000 and 5,000 keys, and after an ANALYZE of each, read
+// the lock table by its key's index only (args: EXECUTE's arguments).
+func requireIndexedPlans(t *testing.T, statement func(b *Backend) string, args string) {
+	t.Helper()
+	bundle := newBundle(t, Options{})
+	b := bundle.backend
+	ctx := testCtx(t)
+	c, err := bundle.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer c.Release()
+	defer func() { _, _ = c.Exec(context.WithoutCancel(ctx), "DISCARD ALL") }()
+	_, err = c.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, "PREPARE set_stmt AS "+statement(b))
+	require.NoError(t, err)
+	explain := func() []string {
+		var plan []map[string]any
+		require.NoError(t, c.QueryRow(ctx, "EXPLAIN (FORMAT JSON) EXECUTE set_stmt("+args+")").Scan(&plan))
+		return tableScans(t, plan)
+	}
+	// The plan made on the table as the first statement finds it
+	// (empty, never analyzed), kept as keys come; and the plans
+	// made after an ANALYZE of a small table, kept as it grows.
+	require.Empty(t, explain(), "the generic plan made on an empty table scans the lock table")
+	have := 0
+	for _, n := range []int{1000, 5000} {
+		_, err = bundle.db.Pool.Exec(ctx, "INSERT INTO "+b.table+" (key, token, held, deadline, owner) SELECT 'k' || g, 1, g % 7 = 0, clock_timestamp(), 'fill' FROM generate_series($1::int, $2::int) AS g", have+1, n)
+		require.NoError(t, err)
+		have = n
+		require.Empty(t, explain(), "the generic plan made before %d keys came scans the lock table", n)
+		_, err = bundle.db.Pool.Exec(ctx, "ANALYZE "+b.table)
+		require.NoError(t, err)
+		require.Empty(t, explain(), "the generic plan made on %d analyzed keys scans the lock table", n)
 	}
 }
 

@@ -18,15 +18,16 @@ the statement, made once on the table as it then was (a join with the key
 list, or key = ANY (array), is planned as a scan on a young or small
 table, and stays one as it grows). The insert half of upd never happens
 (each row of lk exists and is locked by this statement; were it to, token
-1 is refused by the floor trigger). excluded.deadline is now. Sent only on
-a table at version 5.
+1 is refused by the floor trigger). excluded.deadline is now. Sent from
+version 5 on; from 00007 a key held by readers (no owner) refuses the set
+with the readers' count, as acquire's refusal does.
 */ -}}
 WITH now AS MATERIALIZED (
     SELECT statement_timestamp() AS now
 ), req AS MATERIALIZED (
     SELECT k.key FROM jsonb_array_elements_text($1::jsonb) AS k(key)
 ), seen AS MATERIALIZED (
-    SELECT l.key, l.token, l.held, l.deadline, l.owner, l.value, l.hold_until,
+    SELECT l.key, l.token, l.held, l.deadline, l.owner, l.value, l.hold_until,{{if ge .Version 7}} l.shared,{{end}}
            (l.held AND l.deadline > n.now AND l.owner = $3)
            OR (((NOT l.held AND coalesce(l.hold_until <= n.now, true)) OR l.deadline <= n.now) AND l.token < 9223372036854775807) AS grantable
     FROM req AS r
@@ -84,7 +85,12 @@ SELECT r.key,
        n.now,
        coalesce(s.grantable, true) AS grantable,
        s.key IS NOT NULL AND k.key IS NULL AS unlocked,
-       s.value
+       s.value,
+{{- if ge .Version 7}}
+       CASE WHEN s.held AND s.owner = '' AND s.deadline > n.now THEN s.shared ELSE 0 END AS shared
+{{- else}}
+       0 AS shared
+{{- end}}
 FROM req AS r
 CROSS JOIN now AS n
 LEFT JOIN upd AS u ON u.key = r.key

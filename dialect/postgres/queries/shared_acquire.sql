@@ -15,20 +15,24 @@ moves K's token under K's row lock, so a reader that waited on another's
 grant re-reads (its slot pick may be stale) rather than take its slot.
 With .Notify (the waiting form, sent while K is watched) a refusal by an
 exclusive holder also marks the holder's lease once, as acquire's waiting
-form does, so that its release notifies.
+form does, so that its release notifies. Each slot's row is read by its
+own key (pick's LATERAL subquery, which OFFSET 0 keeps from becoming a
+join): the generic plan a connection keeps knows neither the key nor
+how many slots it has, and made the join a scan of the whole table.
 */ -}}
 WITH k AS MATERIALIZED (
     SELECT c.token, c.held, c.deadline, c.owner, c.value, c.hold_until, c.shared, c.epoch, c.slots,
            c.mark_owner, c.mark_deadline,
            coalesce(c.held AND c.owner = '' AND c.deadline > statement_timestamp(), false) AS live,
-           (SELECT f.last_value FROM {{.Floor}} AS f) AS floor
+           CASE WHEN c.key IS NULL THEN (SELECT f.last_value FROM {{.Floor}} AS f) END AS floor
     FROM (SELECT) AS one LEFT JOIN {{.Table}} AS c ON c.key = $1
 ), pick AS MATERIALIZED (
     SELECT p.i, s.token AS stoken, s.value AS svalue,
            coalesce(k.live AND s.held AND s.deadline > statement_timestamp() AND s.owner = $3 AND s.token >= k.epoch, false) AS retry,
            coalesce(k.live AND s.held AND s.token >= k.epoch, false) AS counted
     FROM k CROSS JOIN generate_series(1, least(coalesce(k.slots, 0) + 1, 1024)) AS p(i)
-    LEFT JOIN {{.Table}} AS s ON s.key = $1 || '#shared-' || p.i
+    LEFT JOIN LATERAL (SELECT r.key, r.token, r.held, r.deadline, r.owner, r.value FROM {{.Table}} AS r
+                       WHERE r.key = $1 || '#shared-' || p.i OFFSET 0) AS s ON true
     WHERE s.key IS NULL OR NOT k.live OR NOT s.held OR s.deadline <= statement_timestamp() OR s.token < k.epoch
        OR s.owner = $3
     ORDER BY 4 DESC, p.i

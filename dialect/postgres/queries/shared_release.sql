@@ -3,24 +3,27 @@ shared_release: releases reader slot $1 with token $2 ($3 recorded as who
 released) iff the slot is held with $2; then, if its key $4 is held
 shared by an epoch at or below $2, counts one reader fewer, and the last
 one releases $4 at once and notifies $4's waiters (.Notify, when a
-waiter marked K). K's row is locked first (kl), the slot's second (sl,
-which joins kl), each checked again on its newest version: two releases
-of one slot (its holder's and a forced one) count one reader fewer, not
-two. Commits as release does (docs/shared-locks.md).
+waiter marked K). K's row is locked first (kl), the slot's second (su,
+whose UPDATE joins kl), each checked again on its newest version: two
+releases of one slot (its holder's and a forced one) count one reader
+fewer, not two. Each row is read once from the snapshot (s, k: what a
+refusal is explained by) and once more to be locked and written.
+Commits as release does (docs/shared-locks.md).
 */ -}}
-WITH kl AS (
+WITH s AS MATERIALIZED (
+    SELECT c.key, c.token, c.held, c.deadline, c.owner FROM {{.Table}} AS c WHERE c.key = $1
+), k AS MATERIALIZED (
+    SELECT c.key, c.token, c.held, c.deadline, c.owner, c.epoch FROM {{.Table}} AS c WHERE c.key = $4
+), kl AS (
     SELECT c.key FROM {{.Table}} AS c
     WHERE c.key = $4 AND c.held AND c.owner = '' AND c.epoch <= $2
-      AND EXISTS (SELECT FROM {{.Table}} AS s WHERE s.key = $1 AND s.token = $2 AND s.held)
-    FOR NO KEY UPDATE OF c
-), sl AS (
-    SELECT c.key FROM {{.Table}} AS c LEFT JOIN kl ON true
-    WHERE c.key = $1 AND c.token = $2 AND c.held
+      AND EXISTS (SELECT FROM s WHERE s.token = $2 AND s.held)
     FOR NO KEY UPDATE OF c
 ), su AS (
     UPDATE {{.Table}} AS l
     SET held = false, owner = $3
-    FROM sl WHERE l.key = sl.key
+    FROM (SELECT) AS one LEFT JOIN kl ON true
+    WHERE l.key = $1 AND l.token = $2 AND l.held
     RETURNING l.deadline > clock_timestamp() AS valid,
 {{- if .DurableRelease}}
               {{template "durable"}} AS commit
@@ -47,5 +50,5 @@ SELECT su.valid IS NOT NULL AS released, coalesce(su.valid, false), ku.held IS N
 FROM (SELECT) AS one
 LEFT JOIN su ON true
 LEFT JOIN ku ON true
-LEFT JOIN {{.Table}} AS s ON s.key = $1
-LEFT JOIN {{.Table}} AS k ON k.key = $4
+LEFT JOIN s ON true
+LEFT JOIN k ON true

@@ -3,22 +3,22 @@ shared_renew: renews reader slot $1 with token $2 to now + $3 µs, and
 moves its key $4's deadline to at least that, iff the slot is held with
 $2, unexpired, and $4 is held shared, unexpired, by an epoch at or below
 $2 (docs/shared-locks.md). K's row is locked first (kl), the slot's second
-(sl, which joins kl), each checked again on its newest version; then both
-are written. Returns whether it renewed, and both rows as the snapshot saw
-them to explain a miss.
+(su, whose UPDATE joins kl), each checked again on its newest version;
+then both are written. Returns whether it renewed, and both rows as the
+snapshot saw them (s, k, each read once) to explain a miss.
 */ -}}
-WITH kl AS (
+WITH s AS MATERIALIZED (
+    SELECT c.key, c.token, c.held, c.owner, c.deadline FROM {{.Table}} AS c WHERE c.key = $1
+), k AS MATERIALIZED (
+    SELECT c.key, c.token, c.held, c.deadline, c.owner, c.epoch FROM {{.Table}} AS c WHERE c.key = $4
+), kl AS (
     SELECT c.key FROM {{.Table}} AS c
     WHERE c.key = $4 AND c.held AND c.owner = '' AND c.deadline > statement_timestamp() AND c.epoch <= $2
-    FOR NO KEY UPDATE OF c
-), sl AS (
-    SELECT c.key FROM {{.Table}} AS c JOIN kl ON true
-    WHERE c.key = $1 AND c.token = $2 AND c.held AND c.deadline > statement_timestamp()
     FOR NO KEY UPDATE OF c
 ), su AS (
     UPDATE {{.Table}} AS l
     SET deadline = greatest(l.deadline, statement_timestamp() + $3::bigint * interval '1 microsecond')
-    FROM sl WHERE l.key = sl.key
+    FROM kl WHERE l.key = $1 AND l.token = $2 AND l.held AND l.deadline > statement_timestamp()
     RETURNING l.deadline, {{template "durable"}} AS durable
 ), ku AS (
     UPDATE {{.Table}} AS l
@@ -33,5 +33,5 @@ SELECT su.deadline IS NOT NULL AND ku.deadline IS NOT NULL AS renewed, coalesce(
 FROM (SELECT) AS one
 LEFT JOIN su ON true
 LEFT JOIN ku ON true
-LEFT JOIN {{.Table}} AS s ON s.key = $1
-LEFT JOIN {{.Table}} AS k ON k.key = $4
+LEFT JOIN s ON true
+LEFT JOIN k ON true
