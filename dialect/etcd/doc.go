@@ -173,11 +173,13 @@
 // the Backend opens on first use and again after it breaks, for as long as
 // the etcd client lives; replies are matched to requests by lease ID, and
 // each request's send time, taken before it is sent, dates the period it
-// starts. A keep-alive whose caller gives up fails alone: its request
-// stays queued and takes its own late reply. A stream that answers nothing
-// for 500 ms while requests wait on it (stuck on a connection that no
-// longer answers) is ended with every request on it, as transient, and the
-// next keep-alive opens a new one.
+// starts. A keep-alive whose caller gives up within 250 ms fails alone:
+// its request stays queued and takes its own late reply. One whose caller
+// waited longer ends the stream (stuck on a connection that no longer
+// answers, or so far behind that its replies come too late), and so does
+// a stream that answers nothing for 2 s while requests wait on it: every
+// request on it fails as transient, and the next keep-alive opens a new
+// one.
 // Not the etcd client's Lease.KeepAlive, which renews on its own clock and
 // dates a lease from the reply.
 //

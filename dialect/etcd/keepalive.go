@@ -1,7 +1,6 @@
 package etcd
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,62 +31,71 @@ type keepAlives struct {
 	cli *clientv3.Client
 	// open, when set (by tests), opens a stream in place of cli.
 	open func(ctx context.Context) (pb.Lease_LeaseKeepAliveClient, error)
-	// stall is how long a stream may leave its requests without any
-	// reply before it is failed (0: kaStall; tests set it).
-	stall time.Duration
 
 	mu  sync.Mutex // guards cur
 	cur *kaStream  // nil: none open
 }
 
 // kaStall is how long a keep-alive stream may answer nothing while
-// requests wait on it before it is taken as stuck (a half-open
-// connection, a member whose server loop is blocked) and failed: every
+// requests wait on it before the watchdog takes it as stuck (a half-open
+// connection, a member whose server loop is blocked) and fails it: every
 // request waiting on it fails as transient, and the next one opens a new
-// stream. A healthy etcd answers a keep-alive in well under a millisecond,
-// and a busy stream answers something every few; half a second of silence
-// is a stall, not a backlog. It is short beside etcd's shortest lease
-// (2 s with etcd's defaults, renewed every 667 ms): a renewal stuck on
-// the stream is retried on a new one with most of its lease still left.
-const kaStall = 500 * time.Millisecond
+// stream. A healthy etcd answers a keep-alive in well under a
+// millisecond, but an alive one on a loaded host can fall silent for a
+// while: 10,000 leases at a 6 s TTL (5,000 keep-alives a second) on two
+// cores at a load of 24 had gaps of up to 480 ms between replies, with
+// thousands waiting, and a bound of 500 ms failed it in both runs tried.
+// The watchdog is the backstop for a stream on which nobody gives up.
+const kaStall = 2 * time.Second
+
+// kaQuiet is how long a caller must have waited for its replies for its
+// giving up to fail the stream. Below it (a deadline of a nanosecond, of
+// a millisecond) a give-up says nothing of the stream: a healthy one
+// takes that long to answer under load.
+const kaQuiet = 250 * time.Millisecond
 
 // kaStream is one open keep-alive stream.
 //
-// Why a caller that gives up does not end the stream: its requests stay
-// in their leases' queues, each with its buffered channel, and the reply
-// to each is taken off the queue into that channel, which nobody reads.
-// So a reply is never handed to a later request of its lease (whose send
-// time would then date a renewal that happened before it was sent), and
-// the other requests on the stream are left alone: one slow caller among
-// thousands of keep-alives a second does not fail them all. Requests are
-// queued only under sendMu and just before they are sent, in send order;
-// a Send that fails ends the stream (a gRPC stream whose Send failed is
-// finished), failing every request queued on it, those queued but never
-// sent included, so no queue can keep a request that will get no reply
-// on a stream still in use.
+// A caller that gives up sooner than kaQuiet fails alone: its requests
+// stay in their leases' queues, each with its buffered channel, and the
+// reply to each is taken off the queue into that channel, which nobody
+// reads. So a reply is never handed to a later request of its lease
+// (whose send time would then date a renewal that happened before it was
+// sent), and the other requests on the stream are left alone. Requests
+// are queued only while their caller holds send, and just before they
+// are sent, in send order; a Send that fails ends the stream (a gRPC
+// stream whose Send failed is finished), failing every request queued on
+// it, those queued but never sent included, so no queue can keep a
+// request that will get no reply on a stream still in use.
 //
-// What ends a stream instead: its Recv failing (etcd, the connection or
-// the client ended it), a Send failing, or the stall watchdog: a stream
-// with requests waiting and no reply at all for kaStall since the last
-// reply (or since the first of them was sent, on a stream that had
-// nothing in flight). A backlogged stream that answers is never failed,
-// however long its oldest request has waited; a stuck one is failed within
-// kaStall of its last sign of life, and its waiting requests with it. A
-// Send blocked on a connection that takes nothing more (gRPC's flow
-// control window full) holds sendMu, and the callers behind it, until
-// then: its requests are queued, so they count as waiting, and ending the
-// stream's context ends the Send.
+// A caller that gives up after waiting kaQuiet or more ends the stream:
+// every request waiting on it fails as transient, and the next request
+// opens a new stream. The stream is then stuck (half-open), or so far
+// behind that its replies come after their callers stop waiting. Keeping
+// such a stream was tried, and it collapsed: etcd still answers each
+// abandoned request, one at a time, and the retries of the callers that
+// gave up queue behind them, so the backlog only grows: 10,000 leases at
+// a 6 s TTL (5,000 keep-alives a second) on two cores at loads of 14 to
+// 30 lost 73% to 89% of them in each of three runs. Ending the stream
+// sheds that backlog (a new stream has none): no run lost a lease that
+// way, though a run can refuse the acquires in flight on the stream.
 //
-// Rejected: failing the stream when a caller gives up and no reply came
-// since its requests were sent. A caller with a deadline of a nanosecond
-// gives up before any reply can come, on a healthy stream too, and a
-// stream that is stuck but has no caller giving up is never failed.
+// The stall watchdog ends a stream on which nobody gives up: requests
+// waiting and no reply at all for kaStall since the last reply (or since
+// the first of them was sent, on a stream that had nothing in flight). A
+// backlogged stream that answers is not failed by it, however long its
+// oldest request has waited. A caller waits for send only as long as its
+// ctx lasts; a Send blocked on a connection that takes nothing more
+// (gRPC's flow control window full) holds send until the stream is
+// failed, which ends the Send.
 type kaStream struct {
 	stream pb.Lease_LeaseKeepAliveClient
 	cancel context.CancelFunc
-	stall  time.Duration
 
-	sendMu sync.Mutex // serializes queueing and Send (a gRPC stream is not safe for concurrent sends); taken before mu
+	// send is held (a value in it) by the caller that queues and sends
+	// its requests: a gRPC stream is not safe for concurrent sends, and
+	// the order of the queues is the order of the sends. Taken before mu.
+	send chan struct{}
 
 	mu       sync.Mutex // guards waiting, pending, progress, timer, armed, err
 	waiting  map[int64][]chan kaReply
@@ -125,9 +133,9 @@ func (k *keepAlives) once(ctx context.Context, id clientv3.LeaseID) (int64, erro
 // TTLs etcd restarted the leases with (seconds; <= 0 for a lease etcd does
 // not know), in order, or the stream's or ctx's error.
 //
-// A caller that gives up (ctx ended) leaves its requests on the stream
-// and the stream in use (see [kaStream]); a ctx that ended before they
-// were queued sends none.
+// A caller that gives up (ctx ended) sooner than kaQuiet leaves its
+// requests on the stream and the stream in use; later, it ends the stream
+// (see [kaStream]). A ctx that ended before they were queued sends none.
 func (k *keepAlives) many(ctx context.Context, ids []clientv3.LeaseID) ([]int64, error) {
 	if len(ids) == 0 {
 		return nil, nil
@@ -137,22 +145,27 @@ func (k *keepAlives) many(ctx context.Context, ids []clientv3.LeaseID) ([]int64,
 		return nil, err
 	}
 	chs := make([]chan kaReply, len(ids))
-	// Queued and sent under the send lock, in the same order for one
+	// Queued and sent while holding send, in the same order for one
 	// lease: the order etcd answers in.
-	s.sendMu.Lock()
+	select {
+	case s.send <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	if err := ctx.Err(); err != nil {
-		s.sendMu.Unlock()
+		<-s.send
 		return nil, err
 	}
 	s.mu.Lock()
 	if s.err != nil {
 		err := s.err
 		s.mu.Unlock()
-		s.sendMu.Unlock()
+		<-s.send
 		return nil, err
 	}
+	at := time.Now()
 	if s.pending == 0 {
-		s.progress = time.Now()
+		s.progress = at
 	}
 	s.pending += len(ids)
 	if !s.armed {
@@ -168,7 +181,7 @@ func (k *keepAlives) many(ctx context.Context, ids []clientv3.LeaseID) ([]int64,
 			break
 		}
 	}
-	s.sendMu.Unlock()
+	<-s.send
 	if err != nil {
 		s.fail(k, err)
 	}
@@ -181,10 +194,19 @@ func (k *keepAlives) many(ctx context.Context, ids []clientv3.LeaseID) ([]int64,
 			}
 			ttls[i] = r.ttl
 		case <-ctx.Done():
+			s.gaveUp(k, at)
 			return nil, ctx.Err()
 		}
 	}
 	return ttls, nil
+}
+
+// gaveUp is told by a caller that gave up on its requests, queued at at.
+// It fails s when the caller waited kaQuiet or more (see [kaStream]).
+func (s *kaStream) gaveUp(k *keepAlives, at time.Time) {
+	if waited := time.Since(at); waited >= kaQuiet {
+		s.fail(k, fmt.Errorf("no reply in %v, when its caller gave up", waited.Round(time.Millisecond)))
+	}
 }
 
 // stream returns the open stream, opening one if there is none.
@@ -212,7 +234,7 @@ func (k *keepAlives) stream() (*kaStream, error) {
 		cancel()
 		return nil, err
 	}
-	s := &kaStream{stream: stream, cancel: cancel, stall: cmp.Or(k.stall, kaStall), waiting: make(map[int64][]chan kaReply)}
+	s := &kaStream{stream: stream, cancel: cancel, send: make(chan struct{}, 1), waiting: make(map[int64][]chan kaReply)}
 	k.cur = s
 	go s.recv(k)
 	return s, nil
@@ -243,11 +265,11 @@ func (s *kaStream) recv(k *keepAlives) {
 	}
 }
 
-// arm starts the stall watchdog, to fire s.stall after s.progress. s.mu
+// arm starts the stall watchdog, to fire kaStall after s.progress. s.mu
 // is held.
 func (s *kaStream) arm(k *keepAlives) {
 	s.armed = true
-	wait := s.stall - time.Since(s.progress)
+	wait := kaStall - time.Since(s.progress)
 	if s.timer == nil {
 		s.timer = time.AfterFunc(wait, func() { s.watch(k) })
 	} else {
@@ -256,7 +278,7 @@ func (s *kaStream) arm(k *keepAlives) {
 }
 
 // watch is the stall watchdog: it fails s when requests have waited on it
-// s.stall with no reply since, and otherwise sleeps until that could be
+// kaStall with no reply since, and otherwise sleeps until that could be
 // so, or until a request is queued on an idle stream.
 func (s *kaStream) watch(k *keepAlives) {
 	s.mu.Lock()
@@ -266,7 +288,7 @@ func (s *kaStream) watch(k *keepAlives) {
 		return
 	}
 	silent, pending := time.Since(s.progress), s.pending
-	if silent < s.stall {
+	if silent < kaStall {
 		s.arm(k)
 		s.mu.Unlock()
 		return

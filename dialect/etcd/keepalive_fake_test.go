@@ -153,25 +153,26 @@ func goOnce(wg *sync.WaitGroup, k *keepAlives, ctx context.Context, id int64) ch
 }
 
 // TestKeepAliveGiveUpLeavesOthers: on a healthy stream, callers that give
-// up before their replies (deadlines of 1 ns to a few ms) fail alone:
-// every other keep-alive on the stream gets its own lease's reply, and
-// the stream is the same one afterwards. The stream is backlogged (400
-// requests answered one per 2.5 ms: the last waits a second, twice the
-// stall bound) yet answers all along, so the stall watchdog leaves it be.
+// up before their replies, sooner than kaQuiet (deadlines of 1 ns to
+// 200 ms), fail alone: every other keep-alive on the stream gets its own
+// lease's reply, and the stream is the same one afterwards. The stream is
+// backlogged (400 requests answered one per 6 ms: the last waits 2.4 s,
+// more than the stall bound) yet answers all along, so the stall watchdog
+// leaves it be.
 func TestKeepAliveGiveUpLeavesOthers(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		f := &fakeKA{delay: 2500 * time.Microsecond, ttl: func(id int64) int64 { return 100 + id }}
+		f := &fakeKA{delay: 6 * time.Millisecond, ttl: func(id int64) int64 { return 100 + id }}
 		k, end := newFakeKA(f)
 		defer end()
 		var wg sync.WaitGroup
+		deadlines := []time.Duration{1, time.Millisecond, 2 * time.Millisecond, kaQuiet * 2 / 5, kaQuiet * 4 / 5}
 		var patient, impatient []chan kaResult
 		var ids []int64
 		for i := range 400 {
 			id := int64(1 + i%8)
 			if i%2 == 0 {
-				// Deadlines of 1 ns, 1 ms, ..., 4 ms.
-				ctx, cancel := context.WithTimeout(context.Background(), 1+time.Duration(i/2%5)*time.Millisecond)
+				ctx, cancel := context.WithTimeout(context.Background(), deadlines[i/2%len(deadlines)])
 				defer cancel()
 				impatient = append(impatient, goOnce(&wg, k, ctx, id))
 				continue
@@ -186,7 +187,7 @@ func TestKeepAliveGiveUpLeavesOthers(t *testing.T) {
 				gaveUp++
 			}
 		}
-		require.Greater(t, gaveUp, 190, "callers that gave up before their reply")
+		require.Greater(t, gaveUp, 180, "callers that gave up before their reply")
 		for i, ch := range patient {
 			r := <-ch
 			require.NoError(t, r.err, "patient caller %d (lease %d)", i, ids[i])
@@ -235,9 +236,10 @@ func TestKeepAliveAbandonedReplyNotTakenByLater(t *testing.T) {
 }
 
 // TestKeepAliveStalledStreamFailed: a stream that stops answering (a
-// half-open connection) is failed kaStall after its last reply, not when
-// a caller gives up: every request waiting on it then fails as transient,
-// and the next keep-alive opens a new stream and gets its reply there.
+// half-open connection) while nobody gives up on it after kaQuiet is
+// failed by the watchdog kaStall after its last reply: every request
+// waiting on it then fails as transient, and the next keep-alive opens a
+// new stream and gets its reply there.
 func TestKeepAliveStalledStreamFailed(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -257,8 +259,9 @@ func TestKeepAliveStalledStreamFailed(t *testing.T) {
 		r := <-one
 		require.NoError(t, r.err)
 		lastReply := time.Now()
-		// A caller that gives up meanwhile ends nothing.
-		short, cancelShort := context.WithTimeout(context.Background(), kaStall/10)
+		// A caller that gives up meanwhile, sooner than kaQuiet, ends
+		// nothing.
+		short, cancelShort := context.WithTimeout(context.Background(), kaQuiet/2)
 		defer cancelShort()
 		r = <-goOnce(&wg, k, short, 3)
 		require.ErrorIs(t, r.err, context.DeadlineExceeded)
@@ -312,6 +315,51 @@ func TestKeepAliveSendFailsHalfway(t *testing.T) {
 		n, s := f.opened()
 		require.Equal(t, 2, n, "streams opened")
 		require.Equal(t, []int64{3, 1}, s.requests())
+		wg.Wait()
+	})
+}
+
+// TestKeepAliveLateGiveUpEndsTheStream: a caller that gives up after
+// waiting kaQuiet ends the stream at once (stuck, or too far behind), with
+// the requests waiting on it, as transient; one that gave up sooner (a
+// shorter deadline) leaves it. The next keep-alive opens a new stream.
+func TestKeepAliveLateGiveUpEndsTheStream(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeKA{delay: -1}
+		k, end := newFakeKA(f)
+		defer end()
+		var wg sync.WaitGroup
+		start := time.Now()
+		bounded, cancel := context.WithTimeout(context.Background(), 20*kaStall)
+		defer cancel()
+		patient := goOnce(&wg, k, bounded, 1)
+		soon, cancelSoon := context.WithTimeout(context.Background(), kaQuiet/2)
+		defer cancelSoon()
+		r := <-goOnce(&wg, k, soon, 2)
+		require.ErrorIs(t, r.err, context.DeadlineExceeded)
+		synctest.Wait()
+		n, _ := f.opened()
+		require.Equal(t, 1, n, "a give-up before kaQuiet ended the stream")
+		late, cancelLate := context.WithTimeout(context.Background(), kaQuiet)
+		defer cancelLate()
+		r = <-goOnce(&wg, k, late, 3)
+		require.ErrorIs(t, r.err, context.DeadlineExceeded)
+		gaveUp := r.at
+
+		r = <-patient
+		require.ErrorIs(t, r.err, errKeepAliveStream)
+		require.Equal(t, gaveUp, r.at, "failed when the caller gave up (%v after the start), not later", gaveUp.Sub(start))
+		require.Equal(t, kaQuiet/2+kaQuiet, r.at.Sub(start))
+
+		next := goOnce(&wg, k, context.Background(), 1)
+		synctest.Wait()
+		n, s := f.opened()
+		require.Equal(t, 2, n, "a new stream after the silent one")
+		s.answer(1, 9)
+		r = <-next
+		require.NoError(t, r.err)
+		require.Equal(t, int64(9), r.ttl)
 		wg.Wait()
 	})
 }
