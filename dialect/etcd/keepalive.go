@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -45,13 +46,14 @@ type keepAlives struct {
 // while: 10,000 leases at a 6 s TTL (5,000 keep-alives a second) on two
 // cores at a load of 24 had gaps of up to 480 ms between replies, with
 // thousands waiting, and a bound of 500 ms failed it in both runs tried.
-// The watchdog is the backstop for a stream on which nobody gives up.
+// The watchdog is the backstop for a stream on which nobody gives up
+// late.
 const kaStall = 2 * time.Second
 
 // kaQuiet is how long a caller must have waited for its replies for its
-// giving up to fail the stream. Below it (a deadline of a nanosecond, of
-// a millisecond) a give-up says nothing of the stream: a healthy one
-// takes that long to answer under load.
+// giving up to shed the stream (see [kaStream]). Below it (a deadline of a
+// nanosecond, of a millisecond) a give-up says nothing of the stream: a
+// healthy one takes that long to answer under load.
 const kaQuiet = 250 * time.Millisecond
 
 // kaStream is one open keep-alive stream.
@@ -68,26 +70,31 @@ const kaQuiet = 250 * time.Millisecond
 // it, those queued but never sent included, so no queue can keep a
 // request that will get no reply on a stream still in use.
 //
-// A caller that gives up after waiting kaQuiet or more ends the stream:
-// every request waiting on it fails as transient, and the next request
-// opens a new stream. The stream is then stuck (half-open), or so far
-// behind that its replies come after their callers stop waiting. Keeping
-// such a stream was tried, and it collapsed: etcd still answers each
-// abandoned request, one at a time, and the retries of the callers that
-// gave up queue behind them, so the backlog only grows: 10,000 leases at
-// a 6 s TTL (5,000 keep-alives a second) on two cores at loads of 14 to
-// 30 lost 73% to 89% of them in each of three runs. Ending the stream
-// sheds that backlog (a new stream has none): no run lost a lease that
-// way, though a run can refuse the acquires in flight on the stream.
+// A caller that gives up after waiting kaQuiet or more sheds the stream:
+// it is stuck (half-open), or so far behind that its replies come after
+// their callers stop waiting. Keeping such a stream was tried, and it
+// collapsed: etcd still answers each abandoned request, one at a time,
+// and the retries of the callers that gave up queue behind them, so the
+// backlog only grows: 10,000 leases at a 6 s TTL (5,000 keep-alives a
+// second) on two cores at loads of 14 to 30 lost 73% to 89% of them in
+// each of three runs. Failing every request on the stream instead (the
+// rule before) sheds the backlog but refuses every acquire in flight on
+// it. So the stream is ended and its requests whose callers still wait
+// are sent again, in their order, on a new stream, which has no backlog;
+// those given up are dropped. That is safe: a request sent again is sent
+// after its caller took its send time, so the renewal its reply reports
+// began after that time too, and it is matched on the new stream as any
+// request is.
 //
-// The stall watchdog ends a stream on which nobody gives up: requests
+// The stall watchdog fails a stream on which nobody gives up: requests
 // waiting and no reply at all for kaStall since the last reply (or since
-// the first of them was sent, on a stream that had nothing in flight). A
-// backlogged stream that answers is not failed by it, however long its
-// oldest request has waited. A caller waits for send only as long as its
-// ctx lasts; a Send blocked on a connection that takes nothing more
-// (gRPC's flow control window full) holds send until the stream is
-// failed, which ends the Send.
+// the first of them was sent, on a stream that had nothing in flight);
+// every request waiting on it fails as transient, and the next one opens
+// a new stream. A backlogged stream that answers is not failed by it,
+// however long its oldest request has waited. A caller waits for send
+// only as long as its ctx lasts; a Send blocked on a connection that
+// takes nothing more (gRPC's flow control window full) holds send until
+// the stream is failed or shed, which ends the Send.
 type kaStream struct {
 	stream pb.Lease_LeaseKeepAliveClient
 	cancel context.CancelFunc
@@ -98,12 +105,18 @@ type kaStream struct {
 	send chan struct{}
 
 	mu       sync.Mutex // guards waiting, pending, progress, timer, armed, err
-	waiting  map[int64][]chan kaReply
+	waiting  map[int64][]*kaReq
 	pending  int         // requests queued and not yet answered (abandoned ones included)
 	progress time.Time   // the last reply, or the send of the oldest request when none came since
 	timer    *time.Timer // the stall watchdog
 	armed    bool        // timer will fire (or is firing)
 	err      error       // set once the stream broke; no request is queued after
+}
+
+// kaReq is one request waiting for its reply.
+type kaReq struct {
+	ch   chan kaReply // takes the reply; buffered, one
+	gone atomic.Bool  // its caller gave up
 }
 
 type kaReply struct {
@@ -134,34 +147,82 @@ func (k *keepAlives) once(ctx context.Context, id clientv3.LeaseID) (int64, erro
 // not know), in order, or the stream's or ctx's error.
 //
 // A caller that gives up (ctx ended) sooner than kaQuiet leaves its
-// requests on the stream and the stream in use; later, it ends the stream
-// (see [kaStream]). A ctx that ended before they were queued sends none.
+// requests on the stream and the stream in use; later, it sheds the
+// stream (see [kaStream]). A ctx that ended before they were queued sends
+// none.
 func (k *keepAlives) many(ctx context.Context, ids []clientv3.LeaseID) ([]int64, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	s, err := k.stream()
+	reqs := make([]*kaReq, len(ids))
+	lids := make([]int64, len(ids))
+	for i, id := range ids {
+		reqs[i], lids[i] = &kaReq{ch: make(chan kaReply, 1)}, int64(id)
+	}
+	s, at, err := k.queue(ctx, lids, reqs)
 	if err != nil {
 		return nil, err
 	}
-	chs := make([]chan kaReply, len(ids))
-	// Queued and sent while holding send, in the same order for one
-	// lease: the order etcd answers in.
+	ttls := make([]int64, len(ids))
+	for i, r := range reqs {
+		select {
+		case rep := <-r.ch:
+			if rep.err != nil {
+				return nil, rep.err
+			}
+			ttls[i] = rep.ttl
+		case <-ctx.Done():
+			for _, r := range reqs[i:] {
+				r.gone.Store(true)
+			}
+			s.gaveUp(k, at)
+			return nil, ctx.Err()
+		}
+	}
+	return ttls, nil
+}
+
+// queue queues reqs, the requests for ids, on the open stream and sends
+// them (see [kaStream.queue]), opening a stream if there is none; a
+// stream that ended before they were queued (nothing of them sent) is
+// replaced, a few times at most.
+func (k *keepAlives) queue(ctx context.Context, ids []int64, reqs []*kaReq) (*kaStream, time.Time, error) {
+	var err error
+	for range 3 {
+		var s *kaStream
+		if s, err = k.stream(); err != nil {
+			break
+		}
+		var at time.Time
+		if at, err = s.queue(ctx, k, ids, reqs); err == nil {
+			return s, at, nil
+		}
+		if !errors.Is(err, errKeepAliveStream) {
+			break // ctx ended
+		}
+	}
+	return nil, time.Time{}, err
+}
+
+// queue queues reqs, the requests for ids, on s and sends them, in that
+// order, holding send (waited for as long as ctx lasts); it returns when
+// it queued them. A Send that fails fails s. An error means none is
+// queued.
+func (s *kaStream) queue(ctx context.Context, k *keepAlives, ids []int64, reqs []*kaReq) (time.Time, error) {
 	select {
 	case s.send <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return time.Time{}, ctx.Err()
 	}
+	defer func() { <-s.send }()
 	if err := ctx.Err(); err != nil {
-		<-s.send
-		return nil, err
+		return time.Time{}, err
 	}
 	s.mu.Lock()
 	if s.err != nil {
 		err := s.err
 		s.mu.Unlock()
-		<-s.send
-		return nil, err
+		return time.Time{}, err
 	}
 	at := time.Now()
 	if s.pending == 0 {
@@ -172,41 +233,43 @@ func (k *keepAlives) many(ctx context.Context, ids []clientv3.LeaseID) ([]int64,
 		s.arm(k)
 	}
 	for i, id := range ids {
-		chs[i] = make(chan kaReply, 1)
-		s.waiting[int64(id)] = append(s.waiting[int64(id)], chs[i])
+		s.waiting[id] = append(s.waiting[id], reqs[i])
 	}
 	s.mu.Unlock()
 	for _, id := range ids {
-		if err = s.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
+		if err := s.stream.Send(&pb.LeaseKeepAliveRequest{ID: id}); err != nil {
+			s.fail(k, err)
 			break
 		}
 	}
-	<-s.send
-	if err != nil {
-		s.fail(k, err)
-	}
-	ttls := make([]int64, len(ids))
-	for i, ch := range chs {
-		select {
-		case r := <-ch:
-			if r.err != nil {
-				return nil, r.err
-			}
-			ttls[i] = r.ttl
-		case <-ctx.Done():
-			s.gaveUp(k, at)
-			return nil, ctx.Err()
-		}
-	}
-	return ttls, nil
+	return at, nil
 }
 
 // gaveUp is told by a caller that gave up on its requests, queued at at.
-// It fails s when the caller waited kaQuiet or more (see [kaStream]).
+// It sheds s when the caller waited kaQuiet or more (see [kaStream]).
 func (s *kaStream) gaveUp(k *keepAlives, at time.Time) {
 	if waited := time.Since(at); waited >= kaQuiet {
-		s.fail(k, fmt.Errorf("no reply in %v, when its caller gave up", waited.Round(time.Millisecond)))
+		s.shed(k, fmt.Errorf("no reply in %v, when its caller gave up", waited.Round(time.Millisecond)))
 	}
+}
+
+// shed ends s after err, and sends its requests whose callers still wait
+// again, in their order for each lease, on a new stream (see [kaStream]).
+func (s *kaStream) shed(k *keepAlives, err error) {
+	ids, reqs := s.end(k, err, false)
+	if len(reqs) == 0 {
+		return
+	}
+	go func() {
+		if _, _, err := k.queue(context.Background(), ids, reqs); err != nil {
+			if !errors.Is(err, errKeepAliveStream) {
+				err = fmt.Errorf("%w: %w", errKeepAliveStream, rpctypes.Error(err))
+			}
+			for _, r := range reqs {
+				r.ch <- kaReply{err: err}
+			}
+		}
+	}()
 }
 
 // stream returns the open stream, opening one if there is none.
@@ -234,7 +297,7 @@ func (k *keepAlives) stream() (*kaStream, error) {
 		cancel()
 		return nil, err
 	}
-	s := &kaStream{stream: stream, cancel: cancel, send: make(chan struct{}, 1), waiting: make(map[int64][]chan kaReply)}
+	s := &kaStream{stream: stream, cancel: cancel, send: make(chan struct{}, 1), waiting: make(map[int64][]*kaReq)}
 	k.cur = s
 	go s.recv(k)
 	return s, nil
@@ -253,7 +316,7 @@ func (s *kaStream) recv(k *keepAlives) {
 		s.progress = time.Now()
 		q := s.waiting[resp.ID]
 		if len(q) > 0 {
-			q[0] <- kaReply{ttl: resp.TTL}
+			q[0].ch <- kaReply{ttl: resp.TTL}
 			s.pending--
 			if len(q) == 1 {
 				delete(s.waiting, resp.ID)
@@ -299,7 +362,13 @@ func (s *kaStream) watch(k *keepAlives) {
 
 // fail ends s after err: every request waiting on it gets the error, and
 // the next request opens a new stream.
-func (s *kaStream) fail(k *keepAlives, err error) {
+func (s *kaStream) fail(k *keepAlives, err error) { s.end(k, err, true) }
+
+// end ends s after err: the next request opens a new stream, and every
+// request waiting on s gets the error (fail), or is taken off s and,
+// unless its caller gave up, returned in ids and reqs, in its lease's
+// order (!fail). Once s has ended, end does nothing.
+func (s *kaStream) end(k *keepAlives, err error, fail bool) (ids []int64, reqs []*kaReq) {
 	k.mu.Lock()
 	if k.cur == s {
 		k.cur = nil
@@ -309,17 +378,23 @@ func (s *kaStream) fail(k *keepAlives, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
-		return
+		return nil, nil
 	}
 	if s.timer != nil {
 		s.timer.Stop()
 	}
 	s.err = fmt.Errorf("%w: %w", errKeepAliveStream, rpctypes.Error(err))
 	for id, q := range s.waiting {
-		for _, ch := range q {
-			ch <- kaReply{err: s.err}
+		for _, r := range q {
+			switch {
+			case fail:
+				r.ch <- kaReply{err: s.err}
+			case !r.gone.Load():
+				ids, reqs = append(ids, id), append(reqs, r)
+			}
 		}
 		delete(s.waiting, id)
 	}
 	s.pending = 0
+	return ids, reqs
 }

@@ -319,11 +319,13 @@ func TestKeepAliveSendFailsHalfway(t *testing.T) {
 	})
 }
 
-// TestKeepAliveLateGiveUpEndsTheStream: a caller that gives up after
-// waiting kaQuiet ends the stream at once (stuck, or too far behind), with
-// the requests waiting on it, as transient; one that gave up sooner (a
-// shorter deadline) leaves it. The next keep-alive opens a new stream.
-func TestKeepAliveLateGiveUpEndsTheStream(t *testing.T) {
+// TestKeepAliveLateGiveUpMovesOthers: a caller that gives up after
+// waiting kaQuiet sheds the stream (stuck, or too far behind): the
+// requests on it whose callers still wait are sent again on a new stream,
+// and get their replies there, while those given up are dropped; a reply
+// on the old stream reaches nobody. One that gave up sooner (a shorter
+// deadline) leaves the stream as it is.
+func TestKeepAliveLateGiveUpMovesOthers(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeKA{delay: -1}
@@ -334,32 +336,65 @@ func TestKeepAliveLateGiveUpEndsTheStream(t *testing.T) {
 		bounded, cancel := context.WithTimeout(context.Background(), 20*kaStall)
 		defer cancel()
 		patient := goOnce(&wg, k, bounded, 1)
+		synctest.Wait()
 		soon, cancelSoon := context.WithTimeout(context.Background(), kaQuiet/2)
 		defer cancelSoon()
 		r := <-goOnce(&wg, k, soon, 2)
 		require.ErrorIs(t, r.err, context.DeadlineExceeded)
 		synctest.Wait()
-		n, _ := f.opened()
+		n, s1 := f.opened()
 		require.Equal(t, 1, n, "a give-up before kaQuiet ended the stream")
 		late, cancelLate := context.WithTimeout(context.Background(), kaQuiet)
 		defer cancelLate()
 		r = <-goOnce(&wg, k, late, 3)
 		require.ErrorIs(t, r.err, context.DeadlineExceeded)
-		gaveUp := r.at
-
-		r = <-patient
-		require.ErrorIs(t, r.err, errKeepAliveStream)
-		require.Equal(t, gaveUp, r.at, "failed when the caller gave up (%v after the start), not later", gaveUp.Sub(start))
-		require.Equal(t, kaQuiet/2+kaQuiet, r.at.Sub(start))
-
-		next := goOnce(&wg, k, context.Background(), 1)
 		synctest.Wait()
-		n, s := f.opened()
-		require.Equal(t, 2, n, "a new stream after the silent one")
-		s.answer(1, 9)
-		r = <-next
+		n, s2 := f.opened()
+		require.Equal(t, 2, n, "a new stream after the late give-up")
+		require.Equal(t, []int64{1, 2, 3}, s1.requests())
+		require.Equal(t, []int64{1}, s2.requests(), "sent again: the request whose caller waits, not those given up")
+		s1.answer(1, 5) // too late: the old stream's reply
+		s2.answer(1, 9)
+		r = <-patient
 		require.NoError(t, r.err)
-		require.Equal(t, int64(9), r.ttl)
+		require.Equal(t, int64(9), r.ttl, "the reply on the new stream")
+		require.Equal(t, kaQuiet/2+kaQuiet, r.at.Sub(start))
 		wg.Wait()
+	})
+}
+
+// TestKeepAliveLateGiveUpsLeaveOthers: on a stream far behind (400
+// requests answered one per 6 ms), callers that give up late (300 to
+// 600 ms) shed it again and again, and every caller that waits still gets
+// its own lease's reply: nobody else fails.
+func TestKeepAliveLateGiveUpsLeaveOthers(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeKA{delay: 6 * time.Millisecond, ttl: func(id int64) int64 { return 100 + id }}
+		k, end := newFakeKA(f)
+		defer end()
+		var wg sync.WaitGroup
+		deadlines := []time.Duration{kaQuiet + 50*time.Millisecond, kaQuiet + 150*time.Millisecond, kaQuiet + 350*time.Millisecond}
+		var patient []chan kaResult
+		var ids []int64
+		for i := range 400 {
+			id := int64(1 + i%8)
+			if i%2 == 0 {
+				ctx, cancel := context.WithTimeout(context.Background(), deadlines[i/2%len(deadlines)])
+				defer cancel()
+				goOnce(&wg, k, ctx, id)
+				continue
+			}
+			patient = append(patient, goOnce(&wg, k, context.Background(), id))
+			ids = append(ids, id)
+		}
+		wg.Wait()
+		for i, ch := range patient {
+			r := <-ch
+			require.NoError(t, r.err, "patient caller %d (lease %d)", i, ids[i])
+			require.Equal(t, 100+ids[i], r.ttl, "patient caller %d got another lease's reply", i)
+		}
+		n, _ := f.opened()
+		require.Greater(t, n, 1, "streams opened: no late give-up shed the stream")
 	})
 }
