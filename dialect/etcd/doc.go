@@ -173,8 +173,13 @@
 // the Backend opens on first use and again after it breaks, for as long as
 // the etcd client lives; replies are matched to requests by lease ID, and
 // each request's send time, taken before it is sent, dates the period it
-// starts. A keep-alive whose caller gives up ends the stream, so that a
-// stream stuck on a connection that no longer answers is not used again.
+// starts. A keep-alive whose caller gives up within 250 ms fails alone:
+// its request stays queued and takes its own late reply. One whose caller
+// waited longer sheds the stream (stuck on a connection that no longer
+// answers, or so far behind that its replies come too late): the requests
+// on it that are still waited for are sent again on a new stream, those
+// given up are dropped. A stream that answers nothing for 2 s while
+// requests wait on it is ended, every request on it failing as transient.
 // Not the etcd client's Lease.KeepAlive, which renews on its own clock and
 // dates a lease from the reply.
 //

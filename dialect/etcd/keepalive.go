@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -14,10 +16,11 @@ import (
 // keepAlives is a Backend's one lease keep-alive stream, opened on first
 // use and again after it breaks, for as long as the etcd client lives.
 // Each keep-alive is one request on it, matched to its reply by lease ID:
-// etcd answers a stream's requests in order, so the replies for one lease
-// come in the order its requests were sent. A caller takes its send time
-// before it calls [keepAlives.once], so the period that a reply reports
-// began after it.
+// etcd answers a stream's requests in order (its server handles them one
+// at a time and answers each, or ends the stream), so the replies for one
+// lease come in the order its requests were sent. A caller takes its send
+// time before it calls [keepAlives.once], so the period that a reply
+// reports began after it.
 //
 // Not the etcd client's own Lease.KeepAlive: that renews on a clock of
 // its own and dates a lease's deadline from the reply (from the time a
@@ -27,21 +30,93 @@ import (
 // request on an open one).
 type keepAlives struct {
 	cli *clientv3.Client
+	// open, when set (by tests), opens a stream in place of cli.
+	open func(ctx context.Context) (pb.Lease_LeaseKeepAliveClient, error)
 
 	mu  sync.Mutex // guards cur
 	cur *kaStream  // nil: none open
 }
 
+// kaStall is how long a keep-alive stream may answer nothing while
+// requests wait on it before the watchdog takes it as stuck (a half-open
+// connection, a member whose server loop is blocked) and fails it: every
+// request waiting on it fails as transient, and the next one opens a new
+// stream. A healthy etcd answers a keep-alive in well under a
+// millisecond, but an alive one on a loaded host can fall silent for a
+// while: 10,000 leases at a 6 s TTL (5,000 keep-alives a second) on two
+// cores at a load of 24 had gaps of up to 480 ms between replies, with
+// thousands waiting, and a bound of 500 ms failed it in both runs tried.
+// The watchdog is the backstop for a stream on which nobody gives up
+// late.
+const kaStall = 2 * time.Second
+
+// kaQuiet is how long a caller must have waited for its replies for its
+// giving up to shed the stream (see [kaStream]). Below it (a deadline of a
+// nanosecond, of a millisecond) a give-up says nothing of the stream: a
+// healthy one takes that long to answer under load.
+const kaQuiet = 250 * time.Millisecond
+
 // kaStream is one open keep-alive stream.
+//
+// A caller that gives up sooner than kaQuiet fails alone: its requests
+// stay in their leases' queues, each with its buffered channel, and the
+// reply to each is taken off the queue into that channel, which nobody
+// reads. So a reply is never handed to a later request of its lease
+// (whose send time would then date a renewal that happened before it was
+// sent), and the other requests on the stream are left alone. Requests
+// are queued only while their caller holds send, and just before they
+// are sent, in send order; a Send that fails ends the stream (a gRPC
+// stream whose Send failed is finished), failing every request queued on
+// it, those queued but never sent included, so no queue can keep a
+// request that will get no reply on a stream still in use.
+//
+// A caller that gives up after waiting kaQuiet or more sheds the stream:
+// it is stuck (half-open), or so far behind that its replies come after
+// their callers stop waiting. Keeping such a stream was tried, and it
+// collapsed: etcd still answers each abandoned request, one at a time,
+// and the retries of the callers that gave up queue behind them, so the
+// backlog only grows: 10,000 leases at a 6 s TTL (5,000 keep-alives a
+// second) on two cores at loads of 14 to 30 lost 73% to 89% of them in
+// each of three runs. Failing every request on the stream instead (the
+// rule before) sheds the backlog but refuses every acquire in flight on
+// it. So the stream is ended and its requests whose callers still wait
+// are sent again, in their order, on a new stream, which has no backlog;
+// those given up are dropped. That is safe: a request sent again is sent
+// after its caller took its send time, so the renewal its reply reports
+// began after that time too, and it is matched on the new stream as any
+// request is.
+//
+// The stall watchdog fails a stream on which nobody gives up: requests
+// waiting and no reply at all for kaStall since the last reply (or since
+// the first of them was sent, on a stream that had nothing in flight);
+// every request waiting on it fails as transient, and the next one opens
+// a new stream. A backlogged stream that answers is not failed by it,
+// however long its oldest request has waited. A caller waits for send
+// only as long as its ctx lasts; a Send blocked on a connection that
+// takes nothing more (gRPC's flow control window full) holds send until
+// the stream is failed or shed, which ends the Send.
 type kaStream struct {
 	stream pb.Lease_LeaseKeepAliveClient
 	cancel context.CancelFunc
 
-	sendMu sync.Mutex // serializes Send (a gRPC stream is not safe for concurrent sends)
+	// send is held (a value in it) by the caller that queues and sends
+	// its requests: a gRPC stream is not safe for concurrent sends, and
+	// the order of the queues is the order of the sends. Taken before mu.
+	send chan struct{}
 
-	mu      sync.Mutex // guards waiting, err
-	waiting map[int64][]chan kaReply
-	err     error // set once the stream broke; no request is queued after
+	mu       sync.Mutex // guards waiting, pending, progress, timer, armed, err
+	waiting  map[int64][]*kaReq
+	pending  int         // requests queued and not yet answered (abandoned ones included)
+	progress time.Time   // the last reply, or the send of the oldest request when none came since
+	timer    *time.Timer // the stall watchdog
+	armed    bool        // timer will fire (or is firing)
+	err      error       // set once the stream broke; no request is queued after
+}
+
+// kaReq is one request waiting for its reply.
+type kaReq struct {
+	ch   chan kaReply // takes the reply; buffered, one
+	gone atomic.Bool  // its caller gave up
 }
 
 type kaReply struct {
@@ -71,58 +146,130 @@ func (k *keepAlives) once(ctx context.Context, id clientv3.LeaseID) (int64, erro
 // TTLs etcd restarted the leases with (seconds; <= 0 for a lease etcd does
 // not know), in order, or the stream's or ctx's error.
 //
-// A caller that gives up (ctx ended) ends the stream too: its requests'
-// replies can then never be taken for a later request's (whose send time
-// would date a renewal that happened before it), and the next request
-// goes on a new stream, so that a stream stuck on a connection that no
-// longer answers (half-open) is not used again. The other requests
-// waiting on it fail as transient; a renewal is safe to repeat.
+// A caller that gives up (ctx ended) sooner than kaQuiet leaves its
+// requests on the stream and the stream in use; later, it sheds the
+// stream (see [kaStream]). A ctx that ended before they were queued sends
+// none.
 func (k *keepAlives) many(ctx context.Context, ids []clientv3.LeaseID) ([]int64, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	s, err := k.stream()
-	if err != nil {
-		return nil, err
-	}
-	chs := make([]chan kaReply, len(ids))
-	s.mu.Lock()
-	if s.err != nil {
-		err := s.err
-		s.mu.Unlock()
-		return nil, err
-	}
+	reqs := make([]*kaReq, len(ids))
+	lids := make([]int64, len(ids))
 	for i, id := range ids {
-		chs[i] = make(chan kaReply, 1)
-		s.waiting[int64(id)] = append(s.waiting[int64(id)], chs[i])
+		reqs[i], lids[i] = &kaReq{ch: make(chan kaReply, 1)}, int64(id)
 	}
-	// Queued and sent under the send lock, in the same order for one
-	// lease: the order etcd answers in.
-	s.sendMu.Lock()
-	s.mu.Unlock()
-	for _, id := range ids {
-		if err = s.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
-			break
-		}
-	}
-	s.sendMu.Unlock()
+	s, at, err := k.queue(ctx, lids, reqs)
 	if err != nil {
-		s.fail(k, err)
+		return nil, err
 	}
 	ttls := make([]int64, len(ids))
-	for i, ch := range chs {
+	for i, r := range reqs {
 		select {
-		case r := <-ch:
-			if r.err != nil {
-				return nil, r.err
+		case rep := <-r.ch:
+			if rep.err != nil {
+				return nil, rep.err
 			}
-			ttls[i] = r.ttl
+			ttls[i] = rep.ttl
 		case <-ctx.Done():
-			s.fail(k, ctx.Err())
+			for _, r := range reqs[i:] {
+				r.gone.Store(true)
+			}
+			s.gaveUp(k, at)
 			return nil, ctx.Err()
 		}
 	}
 	return ttls, nil
+}
+
+// queue queues reqs, the requests for ids, on the open stream and sends
+// them (see [kaStream.queue]), opening a stream if there is none; a
+// stream that ended before they were queued (nothing of them sent) is
+// replaced, a few times at most.
+func (k *keepAlives) queue(ctx context.Context, ids []int64, reqs []*kaReq) (*kaStream, time.Time, error) {
+	var err error
+	for range 3 {
+		var s *kaStream
+		if s, err = k.stream(); err != nil {
+			break
+		}
+		var at time.Time
+		if at, err = s.queue(ctx, k, ids, reqs); err == nil {
+			return s, at, nil
+		}
+		if !errors.Is(err, errKeepAliveStream) {
+			break // ctx ended
+		}
+	}
+	return nil, time.Time{}, err
+}
+
+// queue queues reqs, the requests for ids, on s and sends them, in that
+// order, holding send (waited for as long as ctx lasts); it returns when
+// it queued them. A Send that fails fails s. An error means none is
+// queued.
+func (s *kaStream) queue(ctx context.Context, k *keepAlives, ids []int64, reqs []*kaReq) (time.Time, error) {
+	select {
+	case s.send <- struct{}{}:
+	case <-ctx.Done():
+		return time.Time{}, ctx.Err()
+	}
+	defer func() { <-s.send }()
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		return time.Time{}, err
+	}
+	at := time.Now()
+	if s.pending == 0 {
+		s.progress = at
+	}
+	s.pending += len(ids)
+	if !s.armed {
+		s.arm(k)
+	}
+	for i, id := range ids {
+		s.waiting[id] = append(s.waiting[id], reqs[i])
+	}
+	s.mu.Unlock()
+	for _, id := range ids {
+		if err := s.stream.Send(&pb.LeaseKeepAliveRequest{ID: id}); err != nil {
+			s.fail(k, err)
+			break
+		}
+	}
+	return at, nil
+}
+
+// gaveUp is told by a caller that gave up on its requests, queued at at.
+// It sheds s when the caller waited kaQuiet or more (see [kaStream]).
+func (s *kaStream) gaveUp(k *keepAlives, at time.Time) {
+	if waited := time.Since(at); waited >= kaQuiet {
+		s.shed(k, fmt.Errorf("no reply in %v, when its caller gave up", waited.Round(time.Millisecond)))
+	}
+}
+
+// shed ends s after err, and sends its requests whose callers still wait
+// again, in their order for each lease, on a new stream (see [kaStream]).
+func (s *kaStream) shed(k *keepAlives, err error) {
+	ids, reqs := s.end(k, err, false)
+	if len(reqs) == 0 {
+		return
+	}
+	go func() {
+		if _, _, err := k.queue(context.Background(), ids, reqs); err != nil {
+			if !errors.Is(err, errKeepAliveStream) {
+				err = fmt.Errorf("%w: %w", errKeepAliveStream, rpctypes.Error(err))
+			}
+			for _, r := range reqs {
+				r.ch <- kaReply{err: err}
+			}
+		}
+	}()
 }
 
 // stream returns the open stream, opening one if there is none.
@@ -135,13 +282,22 @@ func (k *keepAlives) stream() (*kaStream, error) {
 	// The stream lives as long as the client does, or until it breaks;
 	// with the leader required, a member that loses its leader ends it
 	// rather than holding requests it cannot answer.
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(k.cli.Ctx()))
-	stream, err := pb.NewLeaseClient(k.cli.ActiveConnection()).LeaseKeepAlive(ctx)
+	var ctx context.Context
+	var cancel context.CancelFunc
+	var stream pb.Lease_LeaseKeepAliveClient
+	var err error
+	if k.open != nil {
+		ctx, cancel = context.WithCancel(context.Background())
+		stream, err = k.open(ctx)
+	} else {
+		ctx, cancel = context.WithCancel(clientv3.WithRequireLeader(k.cli.Ctx()))
+		stream, err = pb.NewLeaseClient(k.cli.ActiveConnection()).LeaseKeepAlive(ctx)
+	}
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	s := &kaStream{stream: stream, cancel: cancel, waiting: make(map[int64][]chan kaReply)}
+	s := &kaStream{stream: stream, cancel: cancel, send: make(chan struct{}, 1), waiting: make(map[int64][]*kaReq)}
 	k.cur = s
 	go s.recv(k)
 	return s, nil
@@ -157,9 +313,11 @@ func (s *kaStream) recv(k *keepAlives) {
 			return
 		}
 		s.mu.Lock()
+		s.progress = time.Now()
 		q := s.waiting[resp.ID]
 		if len(q) > 0 {
-			q[0] <- kaReply{ttl: resp.TTL}
+			q[0].ch <- kaReply{ttl: resp.TTL}
+			s.pending--
 			if len(q) == 1 {
 				delete(s.waiting, resp.ID)
 			} else {
@@ -170,9 +328,47 @@ func (s *kaStream) recv(k *keepAlives) {
 	}
 }
 
+// arm starts the stall watchdog, to fire kaStall after s.progress. s.mu
+// is held.
+func (s *kaStream) arm(k *keepAlives) {
+	s.armed = true
+	wait := kaStall - time.Since(s.progress)
+	if s.timer == nil {
+		s.timer = time.AfterFunc(wait, func() { s.watch(k) })
+	} else {
+		s.timer.Reset(wait)
+	}
+}
+
+// watch is the stall watchdog: it fails s when requests have waited on it
+// kaStall with no reply since, and otherwise sleeps until that could be
+// so, or until a request is queued on an idle stream.
+func (s *kaStream) watch(k *keepAlives) {
+	s.mu.Lock()
+	s.armed = false
+	if s.err != nil || s.pending == 0 {
+		s.mu.Unlock()
+		return
+	}
+	silent, pending := time.Since(s.progress), s.pending
+	if silent < kaStall {
+		s.arm(k)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.fail(k, fmt.Errorf("no reply in %v with %d requests waiting", silent.Round(time.Millisecond), pending))
+}
+
 // fail ends s after err: every request waiting on it gets the error, and
 // the next request opens a new stream.
-func (s *kaStream) fail(k *keepAlives, err error) {
+func (s *kaStream) fail(k *keepAlives, err error) { s.end(k, err, true) }
+
+// end ends s after err: the next request opens a new stream, and every
+// request waiting on s gets the error (fail), or is taken off s and,
+// unless its caller gave up, returned in ids and reqs, in its lease's
+// order (!fail). Once s has ended, end does nothing.
+func (s *kaStream) end(k *keepAlives, err error, fail bool) (ids []int64, reqs []*kaReq) {
 	k.mu.Lock()
 	if k.cur == s {
 		k.cur = nil
@@ -182,13 +378,23 @@ func (s *kaStream) fail(k *keepAlives, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
-		return
+		return nil, nil
+	}
+	if s.timer != nil {
+		s.timer.Stop()
 	}
 	s.err = fmt.Errorf("%w: %w", errKeepAliveStream, rpctypes.Error(err))
 	for id, q := range s.waiting {
-		for _, ch := range q {
-			ch <- kaReply{err: s.err}
+		for _, r := range q {
+			switch {
+			case fail:
+				r.ch <- kaReply{err: s.err}
+			case !r.gone.Load():
+				ids, reqs = append(ids, id), append(reqs, r)
+			}
 		}
 		delete(s.waiting, id)
 	}
+	s.pending = 0
+	return ids, reqs
 }

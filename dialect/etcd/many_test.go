@@ -38,9 +38,11 @@ func (s *singleRenewals) TryRenew(ctx context.Context, l sqllock.Lease, ttl time
 // messages, pipelined on the one stream, and O(n / MaxTxnOps)
 // transactions per period; never a transaction per lease. The 10,000 hold
 // a 15 s TTL: with 6 s (5,000 keep-alives a second) at a load of 15 on two
-// cores, a keep-alive waited on past its caller's deadline ended the
-// stream for every request on it (as it must, see keepAlives.many), and
-// the acquires then in flight were refused as unavailable.
+// cores, a keep-alive waited on past its caller's deadline once ended the
+// stream for every request on it, and the acquires then in flight were
+// refused as unavailable. A late caller now sheds the stream and its
+// requests still waited for are sent again (see kaStream), but the TTL
+// stays: the test is about counting round trips.
 func TestManyLeasesRenewedInBatches(t *testing.T) {
 	t.Parallel()
 	n, ttl := 1000, 6*time.Second // renewed every 2 s
