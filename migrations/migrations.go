@@ -278,7 +278,10 @@ func NewProvider(d Dialect, db *sql.DB, o Options, opts ...goose.ProviderOption)
 // Up applies all pending migrations; it is a no-op when none are pending.
 //
 // On PostgreSQL, concurrent Up calls queue on the session advisory lock (see
-// [NewProvider]), and an error is returned as it comes.
+// [NewProvider]), and an error is returned as it comes. On MariaDB they
+// queue on a named lock (GET_LOCK); one that finds the version table a
+// concurrent Up has just created, still without its first row, starts
+// over for up to 5 s (see upMariaDB).
 //
 // SQLite has no such lock, so concurrent Up calls on one database (from
 // several *sql.DB handles or processes) race, and Up retries the attempts
@@ -300,8 +303,11 @@ func NewProvider(d Dialect, db *sql.DB, o Options, opts ...goose.ProviderOption)
 // table made outside these migrations); Up then returns the last error. Any other
 // error is returned at once.
 func Up(ctx context.Context, d Dialect, db *sql.DB, o Options) error {
-	if d == SQLite {
+	switch d {
+	case SQLite:
 		return upSQLite(ctx, db, o)
+	case MariaDB:
+		return upMariaDB(ctx, db, o)
 	}
 	p, err := NewProvider(d, db, o)
 	if err != nil {
@@ -311,6 +317,40 @@ func Up(ctx context.Context, d Dialect, db *sql.DB, o Options) error {
 		return fmt.Errorf("migrations: up: %w", err)
 	}
 	return nil
+}
+
+// mariaDBUpBudget bounds upMariaDB's retries.
+const mariaDBUpBudget = 5 * time.Second
+
+// upMariaDB is Up for MariaDB: goose's Up, again while it finds the
+// version table without its first row. goose checks for pending
+// migrations before it takes the migration lock, and creates the version
+// table then if there is none: on MariaDB, whose CREATE TABLE commits at
+// once, a concurrent Up can find that table before its creator has
+// written the first row, and goose then fails ("missing zero version
+// migration") without applying anything. The creator writes the row
+// next, so the attempt is started over on a fresh provider (goose
+// creates its table at most once per provider) after a short sleep, for
+// at most mariaDBUpBudget: a table left empty for longer (its creator
+// died between the two statements) is an error to fix by hand.
+func upMariaDB(ctx context.Context, db *sql.DB, o Options) error {
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		p, err := NewProvider(MariaDB, db, o)
+		if err != nil {
+			return err
+		}
+		_, err = p.Up(ctx)
+		if err == nil {
+			return nil
+		}
+		if !strings.Contains(err.Error(), "missing zero version migration") || time.Since(start) >= mariaDBUpBudget {
+			return fmt.Errorf("migrations: up: %w", err)
+		}
+		if wait.Sleep(ctx, 10*time.Millisecond+rand.N(20*time.Millisecond)) != nil {
+			return fmt.Errorf("migrations: up: %w (after %d attempts; last: %w)", ctx.Err(), attempt, err)
+		}
+	}
 }
 
 // Bounds of Up's retries on SQLite.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pressly/goose/v3/database"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/internal/testkit/mariatest"
@@ -152,4 +153,31 @@ func TestMigrationsWaitForTheNamedLock(t *testing.T) {
 	_, err = conn.ExecContext(testCtx(t), "DO RELEASE_LOCK(CONCAT(?, '/', LEFT(MD5(DATABASE()), 16)))", lock)
 	require.NoError(t, err)
 	require.NoError(t, <-done)
+}
+
+// An Up that finds the version table without its first row (a concurrent
+// Up created the table, which MariaDB commits at once, and has not yet
+// written the row: goose looks before it takes the migration lock) waits
+// for the row and then migrates, instead of failing with goose's
+// "missing zero version migration".
+func TestUpWaitsForTheVersionTablesFirstRow(t *testing.T) {
+	s := mariatest.Server(t)
+	name := mariatest.Database(t, s)
+	db := mariatest.Open(t, s.Addr, name)
+	store, err := database.NewStore(database.DialectMySQL, "sqllock_locks_version")
+	require.NoError(t, err)
+	require.NoError(t, store.CreateVersionTable(testCtx(t), db))
+	done := make(chan error, 1)
+	other := mariatest.Open(t, s.Addr, name)
+	go func() { done <- migrations.Up(testCtx(t), migrations.MariaDB, other, migrations.Options{}) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Up returned (%v) while the version table had no first row", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, store.Insert(testCtx(t), db, database.InsertRequest{Version: 0}))
+	require.NoError(t, <-done)
+	var n int
+	require.NoError(t, db.QueryRowContext(testCtx(t), "SELECT COUNT(*) FROM sqllock_locks_version WHERE version_id > 0").Scan(&n))
+	require.Equal(t, 6, n, "every migration applied once")
 }
