@@ -175,6 +175,11 @@ func TestAcquireKeepAliveFailed(t *testing.T) {
 func TestAcquireLateKeepAliveNotTrusted(t *testing.T) {
 	t.Parallel()
 	b, calls, _ := counted(t)
+	// The reply is held back past the spare's expiry, more than the
+	// stream watchdog's 2 s of silence: the watchdog would fail the
+	// stream first, a path of its own (TestAcquireKeepAliveFailed), and
+	// the late reply would never be seen.
+	b.ka.stall = time.Minute
 	ctx := testCtx(t)
 	spare := spareFor(t, b, "first", 2*time.Second)
 	b.mu.Lock()

@@ -1,6 +1,7 @@
 package etcd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,6 +33,10 @@ type keepAlives struct {
 	cli *clientv3.Client
 	// open, when set (by tests), opens a stream in place of cli.
 	open func(ctx context.Context) (pb.Lease_LeaseKeepAliveClient, error)
+	// stall is the watchdog's bound for the streams opened after it is
+	// set; 0: kaStall. A test that holds a reply back longer than
+	// kaStall, to see what a late one does, raises it.
+	stall time.Duration
 
 	mu  sync.Mutex // guards cur
 	cur *kaStream  // nil: none open
@@ -98,6 +103,7 @@ const kaQuiet = 250 * time.Millisecond
 type kaStream struct {
 	stream pb.Lease_LeaseKeepAliveClient
 	cancel context.CancelFunc
+	stall  time.Duration // the watchdog's bound (kaStall)
 
 	// send is held (a value in it) by the caller that queues and sends
 	// its requests: a gRPC stream is not safe for concurrent sends, and
@@ -297,7 +303,7 @@ func (k *keepAlives) stream() (*kaStream, error) {
 		cancel()
 		return nil, err
 	}
-	s := &kaStream{stream: stream, cancel: cancel, send: make(chan struct{}, 1), waiting: make(map[int64][]*kaReq)}
+	s := &kaStream{stream: stream, cancel: cancel, stall: cmp.Or(k.stall, kaStall), send: make(chan struct{}, 1), waiting: make(map[int64][]*kaReq)}
 	k.cur = s
 	go s.recv(k)
 	return s, nil
@@ -328,11 +334,11 @@ func (s *kaStream) recv(k *keepAlives) {
 	}
 }
 
-// arm starts the stall watchdog, to fire kaStall after s.progress. s.mu
+// arm starts the stall watchdog, to fire s.stall after s.progress. s.mu
 // is held.
 func (s *kaStream) arm(k *keepAlives) {
 	s.armed = true
-	wait := kaStall - time.Since(s.progress)
+	wait := s.stall - time.Since(s.progress)
 	if s.timer == nil {
 		s.timer = time.AfterFunc(wait, func() { s.watch(k) })
 	} else {
@@ -341,7 +347,7 @@ func (s *kaStream) arm(k *keepAlives) {
 }
 
 // watch is the stall watchdog: it fails s when requests have waited on it
-// kaStall with no reply since, and otherwise sleeps until that could be
+// s.stall with no reply since, and otherwise sleeps until that could be
 // so, or until a request is queued on an idle stream.
 func (s *kaStream) watch(k *keepAlives) {
 	s.mu.Lock()
@@ -351,7 +357,7 @@ func (s *kaStream) watch(k *keepAlives) {
 		return
 	}
 	silent, pending := time.Since(s.progress), s.pending
-	if silent < kaStall {
+	if silent < s.stall {
 		s.arm(k)
 		s.mu.Unlock()
 		return
