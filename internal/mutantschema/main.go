@@ -223,7 +223,7 @@ func schema(path string, orig []byte, ms []mutant, id string) (*result, error) {
 			continue
 		}
 		if !slices.Equal(o.other, mp.other) {
-			res.refused[m.name] = "changes a declaration that is not a function (or the imports)"
+			res.refused[m.name] = "changes a declaration other than a function or a string constant (or the imports)"
 			continue
 		}
 		var changed []string
