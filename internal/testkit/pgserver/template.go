@@ -54,9 +54,19 @@ func (s *Server) initCluster(parent string) error {
 	return nil
 }
 
+// TemplatesEnv, when set, names the directory the templates are kept in,
+// in place of the clusters' parent: the mutation check gives each test
+// run a temporary directory of its own, removed when it ends, and keeps
+// one template for all of them.
+const TemplatesEnv = "SQLLOCK_PG_TEMPLATES"
+
 // templateDir returns the template directory for s's binaries and user
-// under parent, made with initdb if none is there yet.
+// under parent (or $SQLLOCK_PG_TEMPLATES), made with initdb if none is
+// there yet.
 func (s *Server) templateDir(parent string) (string, error) {
+	if d := os.Getenv(TemplatesEnv); d != "" {
+		parent = d
+	}
 	key, err := s.templateKey()
 	if err != nil {
 		return "", err
