@@ -29,9 +29,37 @@ func slowTxns(b *Backend, calls interface {
 func slowTxnsBy(calls interface {
 	SetFail(func(string, error) error)
 }, d time.Duration) func() []error {
+	return slowTxnsAfterGrants(calls, d, 0)
+}
+
+// slowTxnsAfterGrants is slowTxnsBy that also holds the replies of the
+// first grants etcd leases until all of them have come (or 10 s passed),
+// so that the acquires sending them reach the queue together: without
+// it, on a loaded machine, their grants' latencies spread them over more
+// than a transaction's time, and too few queue up to share one.
+func slowTxnsAfterGrants(calls interface {
+	SetFail(func(string, error) error)
+}, d time.Duration, grants int) func() []error {
 	var mu sync.Mutex
 	var errs []error
+	granted := 0
+	together := make(chan struct{})
+	if grants == 0 {
+		close(together)
+	}
 	calls.SetFail(func(method string, err error) error {
+		if method == "LeaseGrant" {
+			mu.Lock()
+			granted++
+			if granted == grants {
+				close(together)
+			}
+			mu.Unlock()
+			select {
+			case <-together:
+			case <-time.After(10 * time.Second):
+			}
+		}
 		if method == "Txn" {
 			time.Sleep(d)
 			if err != nil {
@@ -271,7 +299,7 @@ func TestAcquireGroupCommit(t *testing.T) {
 			}
 		}
 	}
-	txnErrs := slowTxns(b, calls)
+	txnErrs := slowTxnsAfterGrants(calls, 30*time.Millisecond, n)
 	calls.Take()
 	ls, errs := acquireAll(ctx, b, reqs)
 	_, by := calls.Take()
