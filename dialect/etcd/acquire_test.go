@@ -1,7 +1,7 @@
 package etcd
 
 import (
-	"errors"
+	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -90,43 +90,89 @@ func TestAcquireDatesFromKeepAliveSend(t *testing.T) {
 
 // TestAcquireSpareGoneUnderIt: a spare that etcd lets go after the
 // acquire's transaction put the holder key on it (its keep-alive, sent
-// with the transaction, finds it gone) is no grant: the acquire fails as
-// unavailable, and the key is free.
+// with the transaction, finds it gone) is no grant: the acquire is sent
+// again on an etcd lease granted for it, and granted there, dated after
+// it was sent, the key's next token. The same for a permit and for a set
+// of keys.
 func TestAcquireSpareGoneUnderIt(t *testing.T) {
 	t.Parallel()
-	b, calls, _ := counted(t)
-	ctx := testCtx(t)
-	spare := spareFor(t, b, "first", 9*time.Second)
-	calls.SetKeepAlive(func(id int64) int64 {
-		if id != int64(spare) {
-			return 0
-		}
-		// Wait for the transaction to put the holder on the spare, then
-		// end the lease, as its expiry would.
-		for range 200 {
-			if holderLease(t, b, "k") == spare {
-				break
+	for _, tc := range []struct {
+		name    string
+		holder  string // the key the grant's holder goes on
+		acquire func(ctx context.Context, b *Backend) (sqllock.Lease, error)
+	}{
+		{"key", "k", func(ctx context.Context, b *Backend) (sqllock.Lease, error) {
+			return b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: 9 * time.Second, Owner: "o"})
+		}},
+		{"permit", sqllock.PermitKey("sem", 1), func(ctx context.Context, b *Backend) (sqllock.Lease, error) {
+			return b.TryAcquirePermit(ctx, sqllock.PermitRequest{AcquireRequest: sqllock.AcquireRequest{Key: "sem", TTL: 9 * time.Second, Owner: "o"}, Permits: 1})
+		}},
+		{"set", "k", func(ctx context.Context, b *Backend) (sqllock.Lease, error) {
+			ls, err := b.TryAcquireAll(ctx, sqllock.MultiAcquireRequest{Keys: []string{"k"}, TTL: 9 * time.Second, Owner: "o"})
+			if err != nil {
+				return sqllock.Lease{}, err
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		_, err := b.cli.Revoke(ctx, spare)
-		require.NoError(t, err)
-		return 0
-	})
-	_, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: 9 * time.Second, Owner: "o"})
-	require.ErrorIs(t, err, sqllock.ErrUnavailable)
-	calls.SetKeepAlive(nil)
-	require.Zero(t, holderLease(t, b, "k"), "no holder")
-	other := newBundle(t).backend
-	_, err = other.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: 9 * time.Second, Owner: "x"})
-	require.False(t, errors.Is(err, sqllock.ErrNotAcquired), "the key is free: %v", err)
+			return ls[0], nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, calls, _ := counted(t)
+			ctx := testCtx(t)
+			// Two spares, each let go under the acquire that takes it: the
+			// second attempt must not take the other one.
+			spares := map[int64]bool{}
+			var ls []sqllock.Lease
+			for _, key := range []string{"first", "second"} {
+				l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: key, TTL: 9 * time.Second, Owner: "o"})
+				require.NoError(t, err)
+				spares[int64(holderLease(t, b, key))] = true
+				ls = append(ls, l)
+			}
+			for _, l := range ls {
+				require.NoError(t, b.Release(ctx, l))
+			}
+			require.Len(t, spares, 2)
+			var keptAlive atomic.Int32 // keep-alives sent on the spares
+			calls.SetKeepAlive(func(id int64) int64 {
+				if !spares[id] {
+					return 0
+				}
+				keptAlive.Add(1)
+				// Wait for the transaction to put the holder on the
+				// spare, then end the lease, as its expiry would.
+				for range 200 {
+					if holderLease(t, b, tc.holder) == clientv3.LeaseID(id) {
+						break
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				_, err := b.cli.Revoke(ctx, clientv3.LeaseID(id))
+				require.NoError(t, err)
+				return 0
+			})
+			before := time.Now()
+			l, err := tc.acquire(ctx, b)
+			calls.SetKeepAlive(nil)
+			require.Equal(t, int32(1), keptAlive.Load(), "keep-alives on the spares")
+			require.NoError(t, err)
+			require.Equal(t, tc.holder, l.Key)
+			require.Equal(t, int64(2), l.Token, "token 1 went with the spare")
+			require.False(t, l.BackendTime.Before(before), "lease dated %v, before the acquire was sent at %v", l.BackendTime, before)
+			require.Equal(t, 9*time.Second, l.Deadline.Sub(l.BackendTime))
+			got := holderLease(t, b, tc.holder)
+			require.NotZero(t, got, "no holder")
+			require.False(t, spares[int64(got)], "held on a spare etcd let go")
+		})
+	}
 }
 
 // TestAcquireKeepAliveFailed: an acquire whose transaction put the
 // holder key on a spare and whose keep-alive failed (the stream broke) is
-// no grant: the spare's period began before the acquire was sent, which
-// the Client's local deadline does not allow for. It fails as
-// unavailable; the owner's next attempt gets the key.
+// no grant on the spare: its period began before the acquire was sent,
+// which the Client's local deadline does not allow for. The acquire is
+// sent again, the owner's repeat, which finds the key still held and
+// grants it again with its token, moved onto an etcd lease of its own.
 func TestAcquireKeepAliveFailed(t *testing.T) {
 	t.Parallel()
 	b, calls, _ := counted(t)
@@ -151,17 +197,18 @@ func TestAcquireKeepAliveFailed(t *testing.T) {
 		return 0
 	})
 	req := sqllock.AcquireRequest{Key: "k", TTL: 9 * time.Second, Owner: "o"}
+	before := time.Now()
 	l, err := b.TryAcquire(ctx, req)
+	calls.SetKeepAlive(nil)
 	// The premise first: an acquire that did not take the spare (a lease
 	// of its own, no keep-alive) says nothing about a failed keep-alive.
 	require.True(t, keptAlive.Load(), "the acquire did not take spare %x (holder lease %x, err %v)", spare, holderLease(t, b, "k"), err)
-	require.ErrorIs(t, err, sqllock.ErrUnavailable, "reported %+v", l)
-	calls.SetKeepAlive(nil)
-	before := time.Now()
-	l, err = b.TryAcquire(ctx, req)
 	require.NoError(t, err)
-	require.False(t, l.BackendTime.Before(before))
-	require.NotEqual(t, spare, holderLease(t, b, "k"), "moved onto a lease of its own")
+	require.Equal(t, int64(1), l.Token, "the repeat's grant again")
+	require.False(t, l.BackendTime.Before(before), "lease dated %v, before the acquire was sent at %v", l.BackendTime, before)
+	got := holderLease(t, b, "k")
+	require.NotZero(t, got, "no holder")
+	require.NotEqual(t, spare, got, "moved onto a lease of its own")
 }
 
 // TestAcquireLateKeepAliveNotTrusted plays an etcd with bug
@@ -169,9 +216,10 @@ func TestAcquireKeepAliveFailed(t *testing.T) {
 // after the spare expired (the transaction sent with it put the holder
 // key on it just before), and is answered with a positive TTL after the
 // lease's keys were deleted. A reply that comes after the spare's TTL
-// could have ended is not trusted: the acquire fails as unavailable,
-// never reports a grant whose holder key is gone. About 2 s: a real etcd
-// expiry of etcd's shortest lease.
+// could have ended is not trusted: the acquire never reports a grant
+// whose holder key is gone; it is sent again on an etcd lease of its own
+// and granted there, the key's next token. About 2 s: a real etcd expiry
+// of etcd's shortest lease.
 func TestAcquireLateKeepAliveNotTrusted(t *testing.T) {
 	t.Parallel()
 	b, calls, _ := counted(t)
@@ -204,8 +252,13 @@ func TestAcquireLateKeepAliveNotTrusted(t *testing.T) {
 		}
 		return granted
 	})
+	before := time.Now()
 	l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: 2 * time.Second, Owner: "o"})
-	require.ErrorIs(t, err, sqllock.ErrUnavailable, "reported %+v", l)
 	calls.SetKeepAlive(nil)
-	require.Zero(t, holderLease(t, b, "k"), "no holder")
+	require.NoError(t, err)
+	require.Equal(t, int64(2), l.Token, "token 1 went with the spare")
+	require.False(t, l.BackendTime.Before(before), "lease dated %v, before the acquire was sent at %v", l.BackendTime, before)
+	got := holderLease(t, b, "k")
+	require.NotZero(t, got, "no holder")
+	require.NotEqual(t, spare, got, "held on the spare etcd let go")
 }

@@ -91,6 +91,11 @@ const maxAttempts = 8
 // of latency), or a lease grant and then the transaction when no spare is
 // at hand (see the package doc for the other cases).
 func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+	return onOwnLeases(ctx, func(ctx context.Context) (sqllock.Lease, error) { return b.tryAcquire(ctx, req) })
+}
+
+// tryAcquire is TryAcquire's one attempt (see [onOwnLeases]).
+func (b *Backend) tryAcquire(ctx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
 	if req.Shared {
 		return b.tryAcquireShared(ctx, req)
 	}
@@ -286,9 +291,42 @@ func (b *Backend) TryAcquire(ctx context.Context, req sqllock.AcquireRequest) (s
 // is not known (see [Backend.renewSpares]): not granted (no lease dated
 // from before the acquire was sent, no holder key that etcd may have
 // deleted), and a new attempt decides anew: the same owner's repeat gets
-// the grant onto a new etcd lease if it still holds. Transient.
+// the grant onto a new etcd lease if it still holds. The acquire's entry
+// point makes that attempt itself (see [onOwnLeases]).
 func (b *Backend) leaseGone(key string) error {
-	return fmt.Errorf("sqllock/etcd: acquire %q: %w: the keep-alive of the grant's etcd lease did not confirm it; try again", key, sqllock.ErrUnavailable)
+	return &spareGoneError{fmt.Sprintf("sqllock/etcd: acquire %q: %v: the keep-alive of the grant's etcd lease did not confirm it; try again", key, sqllock.ErrUnavailable)}
+}
+
+// spareGoneError is the error of an acquire that put its holder keys on
+// spare etcd leases whose renewal is not known (see [Backend.leaseGone]):
+// [sqllock.ErrUnavailable], which [onOwnLeases] answers by one more
+// attempt.
+type spareGoneError struct{ msg string }
+
+func (e *spareGoneError) Error() string { return e.msg }
+func (e *spareGoneError) Unwrap() error { return sqllock.ErrUnavailable }
+
+// ownLeasesKey marks a context whose acquire takes no spare etcd lease:
+// it grants the leases it puts keys on (see [Backend.etcdLease]).
+type ownLeasesKey struct{}
+
+// onOwnLeases runs the attempt acquire and, when it put its keys on spare
+// etcd leases whose renewal is not known (a spare that expired in the pool
+// while etcd was slow to answer its keep-alive, or a keep-alive stream
+// that broke), runs it once more on etcd leases granted for it. That
+// attempt is the same owner's repeat: a key the first one left held by
+// the owner is granted again with its token, moved onto the new etcd
+// lease; one etcd let go is granted with the next token. A lease granted
+// for the attempt needs no keep-alive (its period began after the attempt
+// was sent), so the second attempt cannot end the same way, and a caller
+// never sees this Backend's use of spares fail an acquire etcd could
+// grant.
+func onOwnLeases[T any](ctx context.Context, acquire func(context.Context) (T, error)) (T, error) {
+	v, err := acquire(ctx)
+	if _, gone := errors.AsType[*spareGoneError](err); !gone || ctx.Err() != nil {
+		return v, err
+	}
+	return acquire(context.WithValue(ctx, ownLeasesKey{}, true))
 }
 
 // TryRenew implements [sqllock.Backend]: a keep-alive restarts the TTL of

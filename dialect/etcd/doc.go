@@ -136,8 +136,11 @@
 // etcd-io/etcd#13675): a spare granted within the last second is left for
 // later. An acquire whose spare's renewal is not known (the keep-alive
 // failed, found the lease gone, or was answered later than the spare's TTL
-// could have ended: etcd-io/etcd#20547) fails as unavailable, whatever its
-// transaction did. With no spare at hand: 2 (lease grant, then the
+// could have ended: etcd-io/etcd#20547) is no grant on the spare, whatever
+// its transaction did: it is sent once more, as the owner's repeat, on an
+// etcd lease granted for it (a lease grant and one or two transactions
+// more), so a spare that expired while etcd was slow never fails an
+// acquire etcd can grant. With no spare at hand: 2 (lease grant, then the
 // transaction); 3 when another
 // process changed the key since this Backend last saw it; a refused attempt
 // on a key this Backend saw held costs a read and the holder's

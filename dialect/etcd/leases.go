@@ -93,13 +93,16 @@ func (b *Backend) takeLeases(ctx context.Context, req sqllock.AcquireRequest) (g
 }
 
 // etcdLease returns an etcd lease for a grant of sec seconds: a spare of
-// the TTL etcd grants for sec when one is at hand, else a new grant (whose
-// TTL period begins after it was sent). It tops up the spares of that TTL
-// in the background when they run low.
+// the TTL etcd grants for sec when one is at hand and ctx allows it (see
+// [onOwnLeases]), else a new grant (whose TTL period begins after it was
+// sent). It tops up the spares of that TTL in the background when they
+// run low.
 func (b *Backend) etcdLease(ctx context.Context, key string, sec int64) (spare, error) {
 	defer b.warmIfLow(sec)
-	if sp, ok := b.takeSpare(sec); ok {
-		return sp, nil
+	if ctx.Value(ownLeasesKey{}) == nil {
+		if sp, ok := b.takeSpare(sec); ok {
+			return sp, nil
+		}
 	}
 	sp, err := b.grant(ctx, sec)
 	if err != nil {

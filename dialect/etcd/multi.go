@@ -43,6 +43,11 @@ func (b *Backend) maxSetKeys() int { return b.maxOps / setCompares }
 // transaction. A set of more keys than [Options.MaxTxnOps] / 3 is refused
 // before any I/O (matching [sqllock.ErrInvalidKey]).
 func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireRequest) ([]sqllock.Lease, error) {
+	return onOwnLeases(ctx, func(ctx context.Context) ([]sqllock.Lease, error) { return b.tryAcquireAll(ctx, req) })
+}
+
+// tryAcquireAll is TryAcquireAll's one attempt (see [onOwnLeases]).
+func (b *Backend) tryAcquireAll(ctx context.Context, req sqllock.MultiAcquireRequest) ([]sqllock.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
@@ -229,7 +234,7 @@ func (b *Backend) setGranted(req sqllock.MultiAcquireRequest, keys []string, sta
 	if gone {
 		// Granted, but on an etcd lease whose renewal is not known: the
 		// same owner's repeat gets the set back onto new etcd leases.
-		return nil, fmt.Errorf("sqllock/etcd: acquire a set of %d keys from %q: %w: the keep-alive of a member's etcd lease did not confirm it; try again", len(keys), keys[0], sqllock.ErrUnavailable)
+		return nil, &spareGoneError{fmt.Sprintf("sqllock/etcd: acquire a set of %d keys from %q: %v: the keep-alive of a member's etcd lease did not confirm it; try again", len(keys), keys[0], sqllock.ErrUnavailable)}
 	}
 	out := make([]sqllock.Lease, len(req.Keys))
 	for i, k := range req.Keys {

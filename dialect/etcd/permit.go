@@ -257,6 +257,11 @@ type permitOutcome struct {
 // owner is granted again, same token, its holder moved onto a new etcd
 // lease, and no other one is taken.
 func (b *Backend) TryAcquirePermit(ctx context.Context, req sqllock.PermitRequest) (sqllock.Lease, error) {
+	return onOwnLeases(ctx, func(ctx context.Context) (sqllock.Lease, error) { return b.tryAcquirePermit(ctx, req) })
+}
+
+// tryAcquirePermit is TryAcquirePermit's one attempt (see [onOwnLeases]).
+func (b *Backend) tryAcquirePermit(ctx context.Context, req sqllock.PermitRequest) (sqllock.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return sqllock.Lease{}, err
 	}
