@@ -88,6 +88,20 @@ func TestAcquireDatesFromKeepAliveSend(t *testing.T) {
 	require.Equal(t, 9*time.Second, l.Deadline.Sub(l.BackendTime))
 }
 
+// requireSentAgain checks the outcome of an acquire (sent at before)
+// whose first attempt put its holder on a spare etcd lease etcd let go,
+// or whose renewal was not known: granted, token token, dated after it
+// was sent, and held on an etcd lease that is none of spares.
+func requireSentAgain(t *testing.T, b *Backend, l sqllock.Lease, err error, before time.Time, token int64, spares ...clientv3.LeaseID) {
+	t.Helper()
+	require.NoError(t, err)
+	require.Equal(t, token, l.Token)
+	require.False(t, l.BackendTime.Before(before), "lease dated %v, before the acquire was sent at %v", l.BackendTime, before)
+	got := holderLease(t, b, l.Key)
+	require.NotZero(t, got, "no holder")
+	require.NotContains(t, spares, got, "held on the spare")
+}
+
 // TestAcquireSpareGoneUnderIt: a spare that etcd lets go after the
 // acquire's transaction put the holder key on it (its keep-alive, sent
 // with the transaction, finds it gone) is no grant: the acquire is sent
@@ -155,14 +169,13 @@ func TestAcquireSpareGoneUnderIt(t *testing.T) {
 			l, err := tc.acquire(ctx, b)
 			calls.SetKeepAlive(nil)
 			require.Equal(t, int32(1), keptAlive.Load(), "keep-alives on the spares")
-			require.NoError(t, err)
+			var ids []clientv3.LeaseID
+			for id := range spares {
+				ids = append(ids, clientv3.LeaseID(id))
+			}
+			requireSentAgain(t, b, l, err, before, 2, ids...) // token 1 went with the spare
 			require.Equal(t, tc.holder, l.Key)
-			require.Equal(t, int64(2), l.Token, "token 1 went with the spare")
-			require.False(t, l.BackendTime.Before(before), "lease dated %v, before the acquire was sent at %v", l.BackendTime, before)
 			require.Equal(t, 9*time.Second, l.Deadline.Sub(l.BackendTime))
-			got := holderLease(t, b, tc.holder)
-			require.NotZero(t, got, "no holder")
-			require.False(t, spares[int64(got)], "held on a spare etcd let go")
 		})
 	}
 }
@@ -203,12 +216,7 @@ func TestAcquireKeepAliveFailed(t *testing.T) {
 	// The premise first: an acquire that did not take the spare (a lease
 	// of its own, no keep-alive) says nothing about a failed keep-alive.
 	require.True(t, keptAlive.Load(), "the acquire did not take spare %x (holder lease %x, err %v)", spare, holderLease(t, b, "k"), err)
-	require.NoError(t, err)
-	require.Equal(t, int64(1), l.Token, "the repeat's grant again")
-	require.False(t, l.BackendTime.Before(before), "lease dated %v, before the acquire was sent at %v", l.BackendTime, before)
-	got := holderLease(t, b, "k")
-	require.NotZero(t, got, "no holder")
-	require.NotEqual(t, spare, got, "moved onto a lease of its own")
+	requireSentAgain(t, b, l, err, before, 1, spare) // the repeat's grant again, on a lease of its own
 }
 
 // TestAcquireLateKeepAliveNotTrusted plays an etcd with bug
@@ -255,10 +263,5 @@ func TestAcquireLateKeepAliveNotTrusted(t *testing.T) {
 	before := time.Now()
 	l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: "k", TTL: 2 * time.Second, Owner: "o"})
 	calls.SetKeepAlive(nil)
-	require.NoError(t, err)
-	require.Equal(t, int64(2), l.Token, "token 1 went with the spare")
-	require.False(t, l.BackendTime.Before(before), "lease dated %v, before the acquire was sent at %v", l.BackendTime, before)
-	got := holderLease(t, b, "k")
-	require.NotZero(t, got, "no holder")
-	require.NotEqual(t, spare, got, "held on the spare etcd let go")
+	requireSentAgain(t, b, l, err, before, 2, spare) // token 1 went with the spare
 }
