@@ -49,13 +49,16 @@ func openStepped(t *testing.T, path string) *Backend {
 const pollEvery = 2 * time.Millisecond
 
 // pollAcquire tries to acquire key every pollEvery until granted or until, and
-// returns the grant and the time just after its reply.
+// returns the grant and the wall-clock time just after its reply: the
+// database's clock is the host's wall clock, so the times a test compares
+// with a deadline are read from it, not from Go's monotonic clock, which a
+// slewed or stepped host clock leaves behind by milliseconds.
 func pollAcquire(t *testing.T, b *Backend, key, owner string, ttl time.Duration, until time.Time) (sqllock.Lease, time.Time, bool) {
 	t.Helper()
 	for time.Now().Before(until) {
 		l, err := b.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: key, TTL: ttl, Owner: owner})
 		if err == nil {
-			return l, time.Now(), true
+			return l, time.Now().Round(0), true
 		}
 		require.ErrorIs(t, err, sqllock.ErrNotAcquired)
 		time.Sleep(pollEvery)
@@ -173,7 +176,7 @@ INSERT INTO data VALUES (1, '', 0);`)
 		clockOffsetMS.Store(0)
 		path := filepath.Join(t.TempDir(), "locks.db")
 		a, b := openStepped(t, path), openStepped(t, path)
-		sent := time.Now()
+		sent := time.Now().Round(0) // wall clock, as grantedAt
 		la, err := a.TryAcquire(testCtx(t), sqllock.AcquireRequest{Key: "k", TTL: ttl, Owner: "A"})
 		require.NoError(t, err)
 		clockOffsetMS.Add(-step.Milliseconds())
