@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -140,7 +143,79 @@ func (e *etcdEnv) matrix(cfg *config) (*matrix, error) {
 			mutex,
 		},
 		conc: cfg.conc, rounds: cfg.rounds, dur: cfg.dur, latency: true, warmup: cfg.warmup(),
+		probe: etcdProbe{url: strings.TrimRight(e.endpoints[0], "/") + "/metrics", hc: &http.Client{Timeout: 2 * time.Second}},
 	}, nil
+}
+
+// etcdProbe reads, around each cell, what a pair costs: from the etcd
+// member's /metrics (its process's CPU, the gRPC messages it received,
+// each unary call and each keep-alive on a stream being one; its
+// committed raft entries, WAL fsyncs and key writes) and this process's
+// CPU, which is the contender's alone since cells run one at a time. A
+// reading of /metrics costs the member about as much CPU as a few
+// requests, once before and once after each 250 ms slice, alike for every
+// contender. Only the first endpoint is read: meaningful for one member.
+type etcdProbe struct {
+	url string
+	hc  *http.Client
+}
+
+// etcdCostMetrics are the counters read from /metrics, by the cost name
+// each is reported as; a name with several series (one per gRPC method)
+// is their sum.
+var etcdCostMetrics = map[string]string{
+	"process_cpu_seconds_total":                  "etcd_cpu_us",
+	"grpc_server_msg_received_total":             "requests",
+	"etcd_server_proposals_committed_total":      "raft_entries",
+	"etcd_disk_wal_fsync_duration_seconds_count": "wal_fsyncs",
+	"etcd_debugging_mvcc_put_total":              "key_writes",
+	"etcd_debugging_mvcc_delete_total":           "key_writes",
+}
+
+func (p etcdProbe) read(ctx context.Context) counters {
+	client := rusageCPU()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url, nil)
+	if err != nil {
+		return counters{}
+	}
+	resp, err := p.hc.Do(req)
+	if err != nil {
+		return counters{}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return counters{}
+	}
+	cost := map[string]float64{}
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, rest, _ := strings.Cut(line, " ")
+		metric, _, _ := strings.Cut(name, "{")
+		as, ok := etcdCostMetrics[metric]
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		if err != nil {
+			return counters{}
+		}
+		if as == "etcd_cpu_us" {
+			v *= 1e6
+		}
+		cost[as] += v
+		seen[metric] = true
+	}
+	if sc.Err() != nil || len(seen) != len(etcdCostMetrics) {
+		return counters{} // all or none: a partial reading is no reading
+	}
+	cost["client_cpu_us"] = float64(client.Microseconds())
+	return counters{cost: cost}
 }
 
 // handoff: as the PostgreSQL handoff (a holder releases after 20–120 ms

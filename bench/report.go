@@ -570,10 +570,46 @@ func (r *Report) etcdMarkdown(w func(string, ...any), gs []int) {
 	}
 	w("\nIn parentheses: the ratio to `concurrency.Mutex`, same rounds (target ≥ 1×). p50 latency of a pair at 1 goroutine: mutex %s ms, Backend %s ms.\n",
 		msStr(findCellIn(r.Cells, "etcd", "mutex", gs[0]).P50us), msStr(findCellIn(r.Cells, "etcd", "backend", gs[0]).P50us))
+	r.etcdCostMarkdown(w, gs)
 	if r.Etcd != nil && len(r.Etcd.Handoff) > 0 {
 		w("\n| etcd handoff (release → a waiting Acquire / Lock holds) | n | p50 ms | p90 ms | p99 ms | max ms |\n|---|--:|--:|--:|--:|--:|\n")
 		for _, l := range r.Etcd.Handoff {
 			w("| %s | %d | %.2f | %.2f | %.2f | %.2f |\n", l.Name, l.N, l.P50ms, l.P90ms, l.P99ms, l.MaxMs)
+		}
+	}
+}
+
+// etcdCostMarkdown is the etcd section's table of what one pair costs,
+// from the cells' cost counters (etcdProbe); nothing when none was read.
+func (r *Report) etcdCostMarkdown(w func(string, ...any), gs []int) {
+	cols := []struct{ key, head, format string }{
+		{"requests", "requests", "%.2f"},
+		{"raft_entries", "raft entries", "%.2f"},
+		{"wal_fsyncs", "WAL fsyncs", "%.2f"},
+		{"key_writes", "key writes", "%.2f"},
+		{"client_cpu_us", "client CPU µs", "%.0f"},
+		{"etcd_cpu_us", "etcd CPU µs", "%.0f"},
+	}
+	header := false
+	for _, g := range gs {
+		for _, c := range []string{"mutex", "backend", "client"} {
+			cell := findCellIn(r.Cells, "etcd", c, g)
+			if len(cell.CostPerOp) != len(cols) {
+				continue
+			}
+			if !header {
+				w("\nWhat one pair costs, medians over rounds: the requests the etcd member received (a unary call or one message on a stream: a keep-alive, a watch request), the raft entries it committed, its WAL fsyncs and key writes (puts and deletes), and CPU per pair in this process (the contender's client) and in the member. On two cores shared by both, throughput follows the sum of the two CPU columns once the cores are busy.\n\n| contender | goroutines |")
+				for _, col := range cols {
+					w(" %s |", col.head)
+				}
+				w("\n|---|--:|%s\n", strings.Repeat("--:|", len(cols)))
+				header = true
+			}
+			w("| %s | %d |", name("etcd", c), g)
+			for _, col := range cols {
+				w(" "+col.format+" |", cell.CostPerOp[col.key])
+			}
+			w("\n")
 		}
 	}
 }

@@ -33,6 +33,24 @@ type counters struct {
 	xids       float64 // next transaction id
 	statements float64 // statements sent through the pgx pools
 	ok         bool
+	// cost holds further counters by name, reported per operation (the
+	// etcd probe's: requests the server received, raft entries, CPU).
+	cost map[string]float64
+}
+
+// sub is the change from b to a: the fields, and each cost counter both
+// readings have.
+func (a counters) sub(b counters) counters {
+	d := counters{walBytes: a.walBytes - b.walBytes, xids: a.xids - b.xids, statements: a.statements - b.statements, ok: true}
+	for k, v := range a.cost {
+		if bv, ok := b.cost[k]; ok {
+			if d.cost == nil {
+				d.cost = map[string]float64{}
+			}
+			d.cost[k] = v - bv
+		}
+	}
+	return d
 }
 
 // cellRun is one contender at one concurrency in one round.
@@ -45,6 +63,9 @@ type cellRun struct {
 	lat      *lockbench.Hist
 	mallocs  uint64
 	delta    counters
+	// costGaps counts the slices of an accumulated cell without cost
+	// counters: a round with any is left out of the cost figures.
+	costGaps int
 }
 
 func (r cellRun) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
@@ -74,8 +95,9 @@ func runCell(ctx context.Context, c contender, g int, d time.Duration, seed uint
 		},
 	})
 	r := cellRun{ops: res.Ops, busy: res.Busy, errs: res.Errors, firstErr: res.FirstError, elapsed: res.Elapsed, mallocs: ms1.Mallocs - ms0.Mallocs, lat: res.Latency}
-	if before.ok && after.ok {
-		r.delta = counters{walBytes: after.walBytes - before.walBytes, xids: after.xids - before.xids, statements: after.statements - before.statements, ok: true}
+	if before.ok && after.ok || before.cost != nil && after.cost != nil {
+		r.delta = after.sub(before)
+		r.delta.ok = before.ok && after.ok // the PostgreSQL fields
 	}
 	return r
 }
@@ -94,9 +116,12 @@ type Cell struct {
 	XIDsPerOp       *float64 `json:"xids_per_op,omitempty"`
 	StatementsPerOp *float64 `json:"pgx_statements_per_op,omitempty"`
 	AllocsPerOp     *float64 `json:"allocs_per_op,omitempty"`
-	Busy            uint64   `json:"busy_attempts,omitempty"`
-	Errors          uint64   `json:"errors,omitempty"`
-	FirstError      string   `json:"first_error,omitempty"`
+	// Cost per operation by counter name, medians over rounds (etcd
+	// cells: see etcdProbe).
+	CostPerOp  map[string]float64 `json:"cost_per_op,omitempty"`
+	Busy       uint64             `json:"busy_attempts,omitempty"`
+	Errors     uint64             `json:"errors,omitempty"`
+	FirstError string             `json:"first_error,omitempty"`
 }
 
 // matrix runs contenders × concurrencies for a number of rounds,
@@ -192,6 +217,16 @@ func (r *cellRun) add(o cellRun) {
 		r.delta.statements += o.delta.statements
 		r.delta.ok = true
 	}
+	r.costGaps += o.costGaps
+	if o.delta.cost == nil {
+		r.costGaps++
+	}
+	for k, v := range o.delta.cost {
+		if r.delta.cost == nil {
+			r.delta.cost = map[string]float64{}
+		}
+		r.delta.cost[k] += v
+	}
 }
 
 func (m *matrix) cells() []Cell {
@@ -204,6 +239,7 @@ func (m *matrix) cells() []Cell {
 			}
 			cell := Cell{Section: m.section, Contender: c.name, Goroutines: g}
 			var wal, xid, st, al []float64
+			cost := map[string][]float64{}
 			lat := new(lockbench.Hist)
 			for _, r := range runs {
 				cell.PerRound = append(cell.PerRound, r.rate())
@@ -222,6 +258,11 @@ func (m *matrix) cells() []Cell {
 						xid = append(xid, r.delta.xids/float64(r.ops))
 						st = append(st, r.delta.statements/float64(r.ops))
 					}
+					if r.costGaps == 0 {
+						for k, v := range r.delta.cost {
+							cost[k] = append(cost[k], v/float64(r.ops))
+						}
+					}
 				}
 			}
 			cell.OpsPerSec = median(cell.PerRound)
@@ -235,6 +276,14 @@ func (m *matrix) cells() []Cell {
 				if m.statementsPer && !m.noStatements[c.name] {
 					s := median(st)
 					cell.StatementsPerOp = &s
+				}
+			}
+			for k, xs := range cost {
+				if len(xs) == len(runs) { // every round measured it
+					if cell.CostPerOp == nil {
+						cell.CostPerOp = map[string]float64{}
+					}
+					cell.CostPerOp[k] = median(xs)
 				}
 			}
 			if m.allocs && len(al) > 0 {
