@@ -1,0 +1,139 @@
+package etcd
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ashlock/ashlock/dialect/etcd/internal/etcdtest"
+	"github.com/ashlock/ashlock/internal/testkit/etcdserver"
+	"github.com/ashlock/ashlock/sqllock"
+)
+
+// TestKeepAliveStreamOnTheLeader: on three members, each Backend opens its
+// keep-alive stream on the leader's endpoint, whichever member its client
+// would have put it on (a follower answers a stream's keep-alives one at
+// a time, each forwarded to the leader: see keepAlives.leaderConn), and
+// after the leader moves, the stream follows it once a reply shows the
+// new raft term. Keep-alives are counted by each member's own metrics.
+// Six Backends, each with a client of all three endpoints: were streams
+// placed by the client, all six would land on the leader one time in 729.
+func TestKeepAliveStreamOnTheLeader(t *testing.T) {
+	t.Parallel()
+	if _, err := etcdserver.FindBinary(); err != nil {
+		etcdtest.Unavailable(t, err.Error())
+	}
+	ctx := testCtx(t)
+	cluster, err := etcdserver.Start(ctx, etcdserver.Options{Members: 3})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(cluster.Logs())
+		}
+		cluster.Close()
+	})
+	require.NoError(t, cluster.WaitReady(ctx))
+	eps := cluster.Endpoints()
+	leader, err := cluster.Leader(ctx)
+	require.NoError(t, err)
+
+	type holder struct {
+		b *Backend
+		l sqllock.Lease
+	}
+	var holders []holder
+	for i := range 6 {
+		cli, err := etcdtest.NewClient(eps)
+		require.NoError(t, err)
+		t.Cleanup(func() { cli.Close() })
+		b, err := New(cli, Options{Prefix: "leader/"})
+		require.NoError(t, err)
+		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: "o"})
+		require.NoError(t, err)
+		holders = append(holders, holder{b, l})
+	}
+	renewAll := func(times int) {
+		t.Helper()
+		for range times {
+			for i, h := range holders {
+				l, err := h.b.TryRenew(ctx, h.l, 10*time.Second)
+				require.NoError(t, err, "renew k%d", i)
+				holders[i].l = l
+			}
+		}
+	}
+	requireOn := func(member int, what string) {
+		t.Helper()
+		before := keepAlivesBy(t, eps)
+		renewAll(3)
+		after := keepAlivesBy(t, eps)
+		for i := range eps {
+			got := after[i] - before[i]
+			if i == member {
+				require.GreaterOrEqual(t, got, 3*len(holders), "%s: keep-alives on member %d (the leader)", what, i)
+			} else {
+				require.Zero(t, got, "%s: keep-alives on member %d, a follower (the leader is %d)", what, i, member)
+			}
+		}
+	}
+	renewAll(1) // the spares' keep-alives are behind
+	requireOn(leader, "before the move")
+
+	// Move the leadership to another member.
+	to := (leader + 1) % len(eps)
+	lcli, err := etcdtest.NewClient([]string{eps[leader]})
+	require.NoError(t, err)
+	t.Cleanup(func() { lcli.Close() })
+	ids := map[string]uint64{}
+	ml, err := lcli.MemberList(ctx)
+	require.NoError(t, err)
+	for _, m := range ml.Members {
+		for _, u := range m.ClientURLs {
+			ids[u] = m.ID
+		}
+	}
+	_, err = lcli.MoveLeader(ctx, ids[eps[to]])
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		l, err := cluster.Leader(ctx)
+		return err == nil && l == to
+	}, 10*time.Second, 50*time.Millisecond, "the leader did not move")
+	renewAll(1) // replies of the new term: each stream is shed, and opened again
+	requireOn(to, "after the move")
+	for _, h := range holders {
+		require.NoError(t, h.b.Release(ctx, h.l))
+	}
+}
+
+// keepAlivesBy returns, for each endpoint, the lease keep-alive requests
+// its member has received, by its /metrics.
+func keepAlivesBy(t testing.TB, eps []string) []int {
+	t.Helper()
+	out := make([]int, len(eps))
+	for i, ep := range eps {
+		req, err := http.NewRequestWithContext(testCtx(t), http.MethodGet, strings.TrimRight(ep, "/")+"/metrics", nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			line := sc.Text()
+			if !strings.HasPrefix(line, "grpc_server_msg_received_total{") || !strings.Contains(line, `grpc_method="LeaseKeepAlive"`) {
+				continue
+			}
+			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			require.NoError(t, err)
+			out[i] += int(v)
+		}
+		require.NoError(t, sc.Err())
+		resp.Body.Close()
+	}
+	return out
+}
