@@ -26,24 +26,33 @@ var etcdRatios = [][2]string{{"backend", "mutex"}, {"client", "mutex"}, {"client
 type etcdEnv struct {
 	endpoints []string
 	version   string
+	members   int                 // 0 with -etcd-endpoints: not known
 	cluster   *etcdserver.Cluster // nil with -etcd-endpoints
 	clients   []*clientv3.Client
 }
 
-// startEtcd starts a one-member etcd the way the tests do (package
-// etcdserver: the machine's binary, a temp dir on disk with etcd's default
-// durable settings, free loopback ports), unless endpoints are given.
-func startEtcd(ctx context.Context, endpoints string) (*etcdEnv, error) {
+// startEtcd starts an etcd of members members the way the tests do
+// (package etcdserver: the machine's binary, a temp dir on disk with
+// etcd's default durable settings, free loopback ports), unless endpoints
+// are given.
+func startEtcd(ctx context.Context, endpoints string, members int) (*etcdEnv, error) {
 	e := &etcdEnv{}
 	if endpoints != "" {
 		e.endpoints = strings.Split(endpoints, ",")
 	} else {
+		if members != 1 && members != 3 {
+			return nil, fmt.Errorf("-etcd-members %d: want 1 or 3", members)
+		}
 		begin := time.Now()
-		c, err := etcdserver.Start(ctx, etcdserver.Options{})
+		c, err := etcdserver.Start(ctx, etcdserver.Options{Members: members})
 		if err != nil {
 			return nil, fmt.Errorf("start etcd (or pass -etcd-endpoints): %w", err)
 		}
-		e.cluster, e.endpoints = c, c.Endpoints()
+		if err := c.WaitReady(ctx); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("etcd: %w", err)
+		}
+		e.cluster, e.endpoints, e.members = c, c.Endpoints(), members
 		logf("started etcd %s in %s in %v", c.Bin(), c.Dir(), time.Since(begin).Round(time.Millisecond))
 	}
 	cli, err := e.client()
@@ -143,26 +152,36 @@ func (e *etcdEnv) matrix(cfg *config) (*matrix, error) {
 			mutex,
 		},
 		conc: cfg.conc, rounds: cfg.rounds, dur: cfg.dur, latency: true, warmup: cfg.warmup(),
-		probe: etcdProbe{url: strings.TrimRight(e.endpoints[0], "/") + "/metrics", hc: &http.Client{Timeout: 2 * time.Second}},
+		probe: newEtcdProbe(e.endpoints),
 	}, nil
 }
 
-// etcdProbe reads, around each cell, what a pair costs: from the etcd
-// member's /metrics (its process's CPU, the gRPC messages it received,
-// each unary call and each keep-alive on a stream being one; its
-// committed raft entries, WAL fsyncs and key writes) and this process's
-// CPU, which is the contender's alone since cells run one at a time. A
-// reading of /metrics costs the member about as much CPU as a few
+// etcdProbe reads, around each cell, what a pair costs: from every
+// member's /metrics, the gRPC messages it received (each unary call and
+// each keep-alive on a stream being one) and its process's CPU, summed
+// over the members; the raft entries committed, WAL fsyncs and key writes
+// of the member with the most (each member applies every entry); and this
+// process's CPU, which is the contender's alone since cells run one at a
+// time. A reading of /metrics costs a member about as much CPU as a few
 // requests, once before and once after each 250 ms slice, alike for every
-// contender. Only the first endpoint is read: meaningful for one member.
+// contender.
 type etcdProbe struct {
-	url string
-	hc  *http.Client
+	urls []string
+	hc   *http.Client
+}
+
+func newEtcdProbe(endpoints []string) etcdProbe {
+	p := etcdProbe{hc: &http.Client{Timeout: 2 * time.Second}}
+	for _, ep := range endpoints {
+		p.urls = append(p.urls, strings.TrimRight(ep, "/")+"/metrics")
+	}
+	return p
 }
 
 // etcdCostMetrics are the counters read from /metrics, by the cost name
 // each is reported as; a name with several series (one per gRPC method)
-// is their sum.
+// is their sum. etcdSummed are the costs summed over members; the others
+// are the largest member's.
 var etcdCostMetrics = map[string]string{
 	"process_cpu_seconds_total":                  "etcd_cpu_us",
 	"grpc_server_msg_received_total":             "requests",
@@ -172,19 +191,41 @@ var etcdCostMetrics = map[string]string{
 	"etcd_debugging_mvcc_delete_total":           "key_writes",
 }
 
+var etcdSummed = map[string]bool{"etcd_cpu_us": true, "requests": true}
+
 func (p etcdProbe) read(ctx context.Context) counters {
 	client := rusageCPU()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url, nil)
+	cost := map[string]float64{}
+	for _, url := range p.urls {
+		m, ok := p.readMember(ctx, url)
+		if !ok {
+			return counters{} // all or none: a partial reading is no reading
+		}
+		for k, v := range m {
+			if etcdSummed[k] {
+				cost[k] += v
+			} else {
+				cost[k] = max(cost[k], v)
+			}
+		}
+	}
+	cost["client_cpu_us"] = float64(client.Microseconds())
+	return counters{cost: cost}
+}
+
+// readMember reads one member's cost counters.
+func (p etcdProbe) readMember(ctx context.Context, url string) (map[string]float64, bool) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return counters{}
+		return nil, false
 	}
 	resp, err := p.hc.Do(req)
 	if err != nil {
-		return counters{}
+		return nil, false
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return counters{}
+		return nil, false
 	}
 	cost := map[string]float64{}
 	seen := map[string]bool{}
@@ -203,7 +244,7 @@ func (p etcdProbe) read(ctx context.Context) counters {
 		}
 		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
 		if err != nil {
-			return counters{}
+			return nil, false
 		}
 		if as == "etcd_cpu_us" {
 			v *= 1e6
@@ -212,10 +253,9 @@ func (p etcdProbe) read(ctx context.Context) counters {
 		seen[metric] = true
 	}
 	if sc.Err() != nil || len(seen) != len(etcdCostMetrics) {
-		return counters{} // all or none: a partial reading is no reading
+		return nil, false
 	}
-	cost["client_cpu_us"] = float64(client.Microseconds())
-	return counters{cost: cost}
+	return cost, true
 }
 
 // handoff: as the PostgreSQL handoff (a holder releases after 20–120 ms

@@ -21,6 +21,7 @@ type config struct {
 	quick       bool
 	databaseURL string
 	etcd        string
+	etcdMembers int
 	out         string
 	rounds      int
 	dur         time.Duration
@@ -39,6 +40,7 @@ func main() {
 	flag.BoolVar(&cfg.quick, "quick", false, "a short run (under 2 minutes): 1 round, shorter cells, fewer samples")
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL to use (postgres://...); default: start a throwaway server from the local PostgreSQL binaries")
 	flag.StringVar(&cfg.etcd, "etcd-endpoints", "", "etcd to use (comma-separated client URLs); default: start a throwaway one-member server from the local etcd binary")
+	flag.IntVar(&cfg.etcdMembers, "etcd-members", 1, "members of the throwaway etcd cluster: 1 or 3")
 	flag.StringVar(&cfg.out, "out", "results", "directory for latest.md, latest.json and the chart")
 	flag.IntVar(&cfg.rounds, "rounds", 0, "interleaved rounds per cell (default 5, -quick 1)")
 	flag.DurationVar(&cfg.dur, "duration", 0, "duration of one PostgreSQL throughput cell (default 1.2s, -quick 700ms; other sections scale from it)")
@@ -242,7 +244,7 @@ func run(ctx context.Context, cfg *config) (err error) {
 		rep.addMatrix(m, memoryRatios)
 	}
 	if cfg.want("etcd") {
-		e, err := startEtcd(ctx, cfg.etcd)
+		e, err := startEtcd(ctx, cfg.etcd, cfg.etcdMembers)
 		if err != nil {
 			return err
 		}
@@ -255,7 +257,7 @@ func run(ctx context.Context, cfg *config) (err error) {
 			return err
 		}
 		rep.addMatrix(m, etcdRatios)
-		rep.Etcd = &EtcdResult{Version: e.version}
+		rep.Etcd = &EtcdResult{Version: e.version, Members: e.members, External: e.cluster == nil}
 		if rep.Etcd.Handoff, err = e.handoff(ctx, cfg); err != nil {
 			return fmt.Errorf("etcd handoff: %w", err)
 		}

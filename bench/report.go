@@ -546,16 +546,25 @@ func (r *Report) markdown() string {
 
 // EtcdResult is what the etcd section measures beyond its matrix.
 type EtcdResult struct {
-	Version string    `json:"version"`
-	Handoff []Latency `json:"handoff"`
+	Version  string    `json:"version"`
+	Members  int       `json:"members,omitempty"`  // of the throwaway cluster; 0 in reports before it was recorded: one
+	External bool      `json:"external,omitempty"` // a cluster given by -etcd-endpoints
+	Handoff  []Latency `json:"handoff"`
 }
 
 func (r *Report) etcdMarkdown(w func(string, ...any), gs []int) {
-	version := "?"
+	version, members := "?", "One etcd %s member started from the machine's binary"
 	if r.Etcd != nil {
 		version = r.Etcd.Version
+		switch {
+		case r.Etcd.External:
+			members = "An etcd %s cluster given by -etcd-endpoints, the clients given all of them"
+		case r.Etcd.Members == 3:
+			members = "Three etcd %s members started from the machine's binary, the clients given all three endpoints"
+		}
 	}
-	w("\n## etcd: TryAcquire + Release pairs/s\n\nOne etcd %s member started from the machine's binary (data directory on the temp file system, etcd's default durable settings), random keys; etcd's `concurrency.Mutex` does TryLock + Unlock with one session per goroutine (its lease granted once, before the cell, and kept alive in the background), where each ashlock lease has a TTL and an etcd lease of its own (a spare one, granted ahead or left by a release, renewed by a keep-alive sent together with the grant's transaction), so an ashlock pair costs one request more (a keep-alive, a transaction and a release transaction against a transaction and a delete), and no round trip more.\n\n| contender | %s |\n|---|%s\n", version, cols(gs, "", false), strings.Repeat("--:|", len(gs)))
+	w("\n## etcd: TryAcquire + Release pairs/s\n\n"+members, version)
+	w(" (data directory on the temp file system, etcd's default durable settings), random keys; etcd's `concurrency.Mutex` does TryLock + Unlock with one session per goroutine (its lease granted once, before the cell, and kept alive in the background), where each ashlock lease has a TTL and an etcd lease of its own (a spare one, granted ahead or left by a release, renewed by a keep-alive sent together with the grant's transaction), so an ashlock pair costs one request more (a keep-alive, a transaction and a release transaction against a transaction and a delete), and no round trip more.\n\n| contender | %s |\n|---|%s\n", cols(gs, "", false), strings.Repeat("--:|", len(gs)))
 	for _, c := range []string{"mutex", "backend", "client"} {
 		w("| %s |", name("etcd", c))
 		for _, g := range gs {
@@ -598,7 +607,7 @@ func (r *Report) etcdCostMarkdown(w func(string, ...any), gs []int) {
 				continue
 			}
 			if !header {
-				w("\nWhat one pair costs, medians over rounds: the requests the etcd member received (a unary call or one message on a stream: a keep-alive, a watch request), the raft entries it committed, its WAL fsyncs and key writes (puts and deletes), and CPU per pair in this process (the contender's client) and in the member. On two cores shared by both, throughput follows the sum of the two CPU columns once the cores are busy.\n\n| contender | goroutines |")
+				w("\nWhat one pair costs, medians over rounds: the requests the etcd members received (a unary call or one message on a stream: a keep-alive, a watch request; summed over members), the raft entries committed, WAL fsyncs and key writes (puts and deletes; of the member with the most), and CPU per pair in this process (the contender's client) and in the members (summed). On two cores shared by both, throughput follows the sum of the two CPU columns once the cores are busy.\n\n| contender | goroutines |")
 				for _, col := range cols {
 					w(" %s |", col.head)
 				}
