@@ -192,7 +192,9 @@
 // a time, forwarding each to the leader, which on three members made a
 // Backend 2.2 times slower at 64 goroutines and lost leases that the
 // leader kept. A reply of a later raft term (an election) sheds the
-// stream, so that the next one follows the leader. Give the client every
+// stream, so that the next one follows the leader; one opened when no
+// member answered as the leader (an election under way, the leader's
+// endpoint down) is shed after 10 s to look again. Give the client every
 // member's endpoint: with one endpoint (or a load balancer's address) the
 // stream goes wherever the client's connection does.
 //

@@ -38,6 +38,11 @@ type keepAlives struct {
 	// set; 0: kaStall. A test that holds a reply back longer than
 	// kaStall, to see what a late one does, raises it.
 	stall time.Duration
+	// seek is kaSeekLeader for the streams opened after it is set (0:
+	// kaSeekLeader), and findLeader, when set (by tests), looks for the
+	// leader's connection in place of leaderConn.
+	seek       time.Duration
+	findLeader func() (*grpc.ClientConn, uint64)
 
 	mu  sync.Mutex // guards cur, home, homeEP
 	cur *kaStream  // nil: none open
@@ -53,65 +58,76 @@ type keepAlives struct {
 // endpoint when a stream is opened.
 const kaFindLeader = time.Second
 
+// kaSeekLeader is how long a stream of a client with several endpoints
+// that was opened without finding the leader (a cluster electing, the
+// leader's endpoint missing or down) is kept before it is shed, at its
+// next reply, so that the next stream looks for the leader again.
+const kaSeekLeader = 10 * time.Second
+
 // leaderConn returns a connection to the endpoint, among the client's
 // own, of etcd's leader, dialled once and kept while the leader stays
-// there; nil when the client has one endpoint, or when none answers as
-// the leader in time (a load balancer's address, a cluster electing):
-// then the stream goes on the client's connection, as it does with one
-// endpoint. k.mu is held.
+// there, and the raft term that leader answered with; nil when the client
+// has one endpoint, or when none answers as the leader in time (a load
+// balancer's address, a cluster electing): then the stream goes on the
+// client's connection, as it does with one endpoint. k.mu is held.
 //
 // etcd answers a stream's keep-alives one at a time, and a member that is
 // not the leader forwards each to the leader (an HTTP request between
 // members) and waits for its answer before it reads the next. The etcd
 // client puts a stream on any of its endpoints, so on three members two
 // starts in three put it on a follower. Measured on three members on two
-// cores, through a follower: 0.42-0.59x etcd's Mutex (acquire + release
-// pairs at 1 to 64 goroutines, against 0.83-1.22x with the stream on the
-// leader), and 10,000 leases at a 6 s TTL lost 6,133 of them (0 on the
-// leader). Eight streams on the follower instead did not help (the same
-// pairs/s; 9,492 leases lost).
-func (k *keepAlives) leaderConn() *grpc.ClientConn {
+// cores (a fresh cluster, the client given all three endpoints): with the
+// stream on a follower, acquire + release pairs ran 851/s at 64 goroutines
+// (0.44x etcd's Mutex), and on the leader 1,899/s (1.21x); 10,000 leases
+// at a 6 s TTL held through a follower lost 6,133 of them, and none with
+// the stream on the leader. Eight streams on the follower instead did not
+// help (the same pairs/s; 9,492 leases lost).
+func (k *keepAlives) leaderConn() (*grpc.ClientConn, uint64) {
 	eps := k.cli.Endpoints()
 	if len(eps) < 2 {
-		return nil
+		return nil, 0
 	}
 	ctx, cancel := context.WithTimeout(k.cli.Ctx(), kaFindLeader)
 	defer cancel()
 	type answer struct {
-		ep     string
-		leader bool
+		ep   string
+		term uint64 // 0: not the leader, or no answer
 	}
 	answers := make(chan answer, len(eps))
 	for _, ep := range eps {
 		go func() {
 			st, err := k.cli.Status(ctx, ep)
-			answers <- answer{ep: ep, leader: err == nil && st.Header != nil && st.Leader != 0 && st.Header.MemberId == st.Leader}
+			a := answer{ep: ep}
+			if err == nil && st.Header != nil && st.Leader != 0 && st.Header.MemberId == st.Leader {
+				a.term = st.RaftTerm
+			}
+			answers <- a
 		}()
 	}
-	leader := ""
+	var leader answer
 	for range eps {
-		if a := <-answers; a.leader {
-			leader = a.ep
+		if a := <-answers; a.term != 0 {
+			leader = a
 			break
 		}
 	}
-	if leader == "" {
-		return nil
+	if leader.term == 0 {
+		return nil, 0
 	}
-	if k.home != nil && k.homeEP == leader {
-		return k.home
+	if k.home != nil && k.homeEP == leader.ep {
+		return k.home, leader.term
 	}
-	conn, err := k.cli.Dial(leader)
+	conn, err := k.cli.Dial(leader.ep)
 	if err != nil {
-		return nil
+		return nil, 0
 	}
 	if k.home != nil {
 		k.homeStop()
 		k.home.Close()
 	}
-	k.home, k.homeEP = conn, leader
+	k.home, k.homeEP = conn, leader.ep
 	k.homeStop = context.AfterFunc(k.cli.Ctx(), func() { conn.Close() })
-	return conn
+	return conn, leader.term
 }
 
 // kaStall is how long a keep-alive stream may answer nothing while
@@ -176,13 +192,19 @@ type kaStream struct {
 	stream pb.Lease_LeaseKeepAliveClient
 	cancel context.CancelFunc
 	stall  time.Duration // the watchdog's bound (kaStall)
-	// homed is set for a stream of a client with several endpoints (on
-	// the leader's, or on the client's connection when no leader was
-	// found); term is the raft term of its first reply. A reply of a
-	// later term means an election, which may have moved the leader: the
-	// stream is shed, and the next one is opened where the leader is now.
-	homed bool
-	term  uint64
+	// homed is set for a stream of a client with several endpoints; term
+	// is the raft term the leader answered with when the stream was
+	// opened on its endpoint, 0 when no leader was found (the stream is on
+	// the client's connection) until its first reply. A reply of a later
+	// term means an election, which may have moved the leader: the stream
+	// is shed, and the next one is opened where the leader is now. A
+	// stream opened without the leader is shed at its first reply after
+	// kaSeekLeader, to look for it again.
+	homed      bool
+	term       uint64
+	leaderless bool
+	opened     time.Time
+	seek       time.Duration // kaSeekLeader
 
 	// send is held (a value in it) by the caller that queues and sends
 	// its requests: a gRPC stream is not safe for concurrent sends, and
@@ -371,15 +393,19 @@ func (k *keepAlives) stream() (*kaStream, error) {
 	var cancel context.CancelFunc
 	var stream pb.Lease_LeaseKeepAliveClient
 	var err error
-	homed := false
+	homed, term := false, uint64(0)
 	if k.open != nil {
 		ctx, cancel = context.WithCancel(context.Background())
 		stream, err = k.open(ctx)
 	} else {
 		ctx, cancel = context.WithCancel(clientv3.WithRequireLeader(k.cli.Ctx()))
 		conn := k.cli.ActiveConnection()
-		if home := k.leaderConn(); home != nil {
-			conn = home
+		find := k.leaderConn
+		if k.findLeader != nil {
+			find = k.findLeader
+		}
+		if home, t := find(); home != nil {
+			conn, term = home, t
 		}
 		homed = len(k.cli.Endpoints()) > 1
 		stream, err = pb.NewLeaseClient(conn).LeaseKeepAlive(ctx)
@@ -388,7 +414,7 @@ func (k *keepAlives) stream() (*kaStream, error) {
 		cancel()
 		return nil, err
 	}
-	s := &kaStream{stream: stream, cancel: cancel, stall: cmp.Or(k.stall, kaStall), homed: homed, send: make(chan struct{}, 1), waiting: make(map[int64][]*kaReq)}
+	s := &kaStream{stream: stream, cancel: cancel, stall: cmp.Or(k.stall, kaStall), homed: homed, term: term, leaderless: homed && term == 0, opened: time.Now(), seek: cmp.Or(k.seek, kaSeekLeader), send: make(chan struct{}, 1), waiting: make(map[int64][]*kaReq)}
 	k.cur = s
 	go s.recv(k)
 	return s, nil
@@ -404,11 +430,19 @@ func (s *kaStream) recv(k *keepAlives) {
 			return
 		}
 		if s.homed && resp.Header != nil {
-			if s.term == 0 {
+			var why error
+			switch {
+			case s.term == 0:
 				s.term = resp.Header.RaftTerm
-			} else if resp.Header.RaftTerm > s.term {
+			case resp.Header.RaftTerm > s.term:
+				why = fmt.Errorf("raft term %d after %d: the leader may have moved", resp.Header.RaftTerm, s.term)
+			}
+			if why == nil && s.leaderless && time.Since(s.opened) >= s.seek {
+				why = errors.New("opened without the leader; looking for it again")
+			}
+			if why != nil {
 				s.handOut(resp)
-				s.shed(k, fmt.Errorf("raft term %d after %d: the leader may have moved", resp.Header.RaftTerm, s.term))
+				s.shed(k, why)
 				return
 			}
 		}

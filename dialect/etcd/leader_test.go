@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 
 	"github.com/ashlock/ashlock/dialect/etcd/internal/etcdtest"
 	"github.com/ashlock/ashlock/internal/testkit/etcdserver"
@@ -19,9 +20,11 @@ import (
 // TestKeepAliveStreamOnTheLeader: on three members, each Backend opens its
 // keep-alive stream on the leader's endpoint, whichever member its client
 // would have put it on (a follower answers a stream's keep-alives one at
-// a time, each forwarded to the leader: see keepAlives.leaderConn), and
-// after the leader moves, the stream follows it once a reply shows the
-// new raft term. Keep-alives are counted by each member's own metrics.
+// a time, each forwarded to the leader: see keepAlives.leaderConn); a
+// stream opened when no leader was found looks for it again after a
+// while; and after the leader moves, the stream follows it once a reply
+// shows the new raft term. Keep-alives are counted by each member's own
+// metrics.
 // Six Backends, each with a client of all three endpoints: were streams
 // placed by the client, all six would land on the leader one time in 729.
 func TestKeepAliveStreamOnTheLeader(t *testing.T) {
@@ -47,6 +50,7 @@ func TestKeepAliveStreamOnTheLeader(t *testing.T) {
 		b *Backend
 		l sqllock.Lease
 	}
+	const seek = 300 * time.Millisecond
 	var holders []holder
 	for i := range 6 {
 		cli, err := etcdtest.NewClient(eps)
@@ -54,6 +58,18 @@ func TestKeepAliveStreamOnTheLeader(t *testing.T) {
 		t.Cleanup(func() { cli.Close() })
 		b, err := New(cli, Options{Prefix: "leader/"})
 		require.NoError(t, err)
+		// The first stream is opened as if no member answered as the
+		// leader (a cluster electing): on the client's connection, until
+		// its first reply after seek.
+		searched := false
+		b.ka.seek = seek
+		b.ka.findLeader = func() (*grpc.ClientConn, uint64) {
+			if !searched {
+				searched = true
+				return nil, 0
+			}
+			return b.ka.leaderConn()
+		}
 		l, err := b.TryAcquire(ctx, sqllock.AcquireRequest{Key: fmt.Sprintf("k%d", i), TTL: 10 * time.Second, Owner: "o"})
 		require.NoError(t, err)
 		holders = append(holders, holder{b, l})
@@ -82,7 +98,9 @@ func TestKeepAliveStreamOnTheLeader(t *testing.T) {
 			}
 		}
 	}
-	renewAll(1) // the spares' keep-alives are behind
+	renewAll(1) // opens each Backend's first stream, without the leader
+	time.Sleep(seek)
+	renewAll(1) // the first streams' replies after seek: shed, opened again
 	requireOn(leader, "before the move")
 
 	// Move the leadership to another member.
