@@ -50,22 +50,12 @@ type faultCounts struct {
 // the restart. SQLLOCK_LONG=1 runs each phase longer.
 func TestFaults(t *testing.T) {
 	t.Parallel()
-	if _, err := etcdserver.FindBinary(); err != nil {
-		etcdtest.Unavailable(t, err.Error())
-	}
 	phase := 4 * time.Second
 	if os.Getenv("SQLLOCK_LONG") == "1" {
 		phase = 20 * time.Second
 	}
 	ctx := testCtx(t)
-	cluster, err := etcdserver.Start(ctx, etcdserver.Options{Members: 3})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(cluster.Logs())
-		}
-		cluster.Close()
-	})
+	cluster := startCluster(t, etcdserver.Options{Members: 3})
 	const (
 		workers = 6
 		keys    = 2

@@ -29,18 +29,8 @@ import (
 // placed by the client, all six would land on the leader one time in 729.
 func TestKeepAliveStreamOnTheLeader(t *testing.T) {
 	t.Parallel()
-	if _, err := etcdserver.FindBinary(); err != nil {
-		etcdtest.Unavailable(t, err.Error())
-	}
 	ctx := testCtx(t)
-	cluster, err := etcdserver.Start(ctx, etcdserver.Options{Members: 3})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(cluster.Logs())
-		}
-		cluster.Close()
-	})
+	cluster := startCluster(t, etcdserver.Options{Members: 3})
 	require.NoError(t, cluster.WaitReady(ctx))
 	eps := cluster.Endpoints()
 	leader, err := cluster.Leader(ctx)

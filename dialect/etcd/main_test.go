@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ashlock/ashlock/dialect/etcd/internal/etcdtest"
+	"github.com/ashlock/ashlock/internal/testkit/etcdserver"
 	"github.com/ashlock/ashlock/internal/testkit/leakcheck"
 )
 
@@ -35,6 +36,26 @@ func newBundle(t testing.TB) *testBundle {
 	b, err := New(cli, Options{Prefix: etcdtest.Prefix(t, cli)})
 	require.NoError(t, err)
 	return &testBundle{cli: cli, backend: b}
+}
+
+// startCluster starts an etcd cluster of opts from the machine's binary
+// for one test (skipped without one, or failed with SQLLOCK_REQUIRE_ETCD=1),
+// logs its members' output if the test fails, and stops it when the test
+// ends.
+func startCluster(t *testing.T, opts etcdserver.Options) *etcdserver.Cluster {
+	t.Helper()
+	if _, err := etcdserver.FindBinary(); err != nil {
+		etcdtest.Unavailable(t, err.Error())
+	}
+	cluster, err := etcdserver.Start(testCtx(t), opts)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(cluster.Logs())
+		}
+		cluster.Close()
+	})
+	return cluster
 }
 
 func testCtx(t testing.TB) context.Context {

@@ -185,9 +185,6 @@ type raceClaim struct {
 // renewed and lost, seen.
 func TestRenewalsRacingExpiry(t *testing.T) {
 	t.Parallel()
-	if _, err := etcdserver.FindBinary(); err != nil {
-		etcdtest.Unavailable(t, err.Error())
-	}
 	run := 8 * time.Second
 	if os.Getenv("SQLLOCK_LONG") == "1" {
 		run = 30 * time.Second
@@ -195,14 +192,7 @@ func TestRenewalsRacingExpiry(t *testing.T) {
 	ctx := testCtx(t)
 	// A 100 ms election timeout makes etcd's minimum TTL 1 s (it is
 	// ceil(1.5 x election timeout) in whole seconds).
-	cluster, err := etcdserver.Start(ctx, etcdserver.Options{HeartbeatMS: 20, ElectionMS: 100})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(cluster.Logs())
-		}
-		cluster.Close()
-	})
+	cluster := startCluster(t, etcdserver.Options{HeartbeatMS: 20, ElectionMS: 100})
 	newBackend := func() *Backend {
 		cli, err := etcdtest.NewClient(cluster.Endpoints())
 		require.NoError(t, err)
