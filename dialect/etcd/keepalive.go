@@ -44,7 +44,7 @@ type keepAlives struct {
 	seek       time.Duration
 	findLeader func() (*grpc.ClientConn, uint64)
 
-	mu  sync.Mutex // guards cur, home, homeEP
+	mu  sync.Mutex // guards cur, home, homeEP, homeStop
 	cur *kaStream  // nil: none open
 	// home is the connection to the endpoint of etcd's leader that the
 	// stream was last opened on (see [keepAlives.leaderConn]), homeEP that
@@ -192,7 +192,7 @@ type kaStream struct {
 	stream pb.Lease_LeaseKeepAliveClient
 	cancel context.CancelFunc
 	stall  time.Duration // the watchdog's bound (kaStall)
-	// homed is set for a stream of a client with several endpoints; term
+	// follows is set for a stream of a client with several endpoints; term
 	// is the raft term the leader answered with when the stream was
 	// opened on its endpoint, 0 when no leader was found (the stream is on
 	// the client's connection) until its first reply. A reply of a later
@@ -200,7 +200,7 @@ type kaStream struct {
 	// is shed, and the next one is opened where the leader is now. A
 	// stream opened without the leader is shed at its first reply after
 	// kaSeekLeader, to look for it again.
-	homed      bool
+	follows    bool
 	term       uint64
 	leaderless bool
 	opened     time.Time
@@ -393,7 +393,7 @@ func (k *keepAlives) stream() (*kaStream, error) {
 	var cancel context.CancelFunc
 	var stream pb.Lease_LeaseKeepAliveClient
 	var err error
-	homed, term := false, uint64(0)
+	follows, term := false, uint64(0)
 	if k.open != nil {
 		ctx, cancel = context.WithCancel(context.Background())
 		stream, err = k.open(ctx)
@@ -407,14 +407,14 @@ func (k *keepAlives) stream() (*kaStream, error) {
 		if home, t := find(); home != nil {
 			conn, term = home, t
 		}
-		homed = len(k.cli.Endpoints()) > 1
+		follows = len(k.cli.Endpoints()) > 1
 		stream, err = pb.NewLeaseClient(conn).LeaseKeepAlive(ctx)
 	}
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	s := &kaStream{stream: stream, cancel: cancel, stall: cmp.Or(k.stall, kaStall), homed: homed, term: term, leaderless: homed && term == 0, opened: time.Now(), seek: cmp.Or(k.seek, kaSeekLeader), send: make(chan struct{}, 1), waiting: make(map[int64][]*kaReq)}
+	s := &kaStream{stream: stream, cancel: cancel, stall: cmp.Or(k.stall, kaStall), follows: follows, term: term, leaderless: follows && term == 0, opened: time.Now(), seek: cmp.Or(k.seek, kaSeekLeader), send: make(chan struct{}, 1), waiting: make(map[int64][]*kaReq)}
 	k.cur = s
 	go s.recv(k)
 	return s, nil
@@ -429,7 +429,7 @@ func (s *kaStream) recv(k *keepAlives) {
 			s.fail(k, err)
 			return
 		}
-		if s.homed && resp.Header != nil {
+		if s.follows && resp.Header != nil {
 			var why error
 			switch {
 			case s.term == 0:
