@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -166,16 +164,12 @@ func (e *etcdEnv) matrix(cfg *config) (*matrix, error) {
 // requests, once before and once after each 250 ms slice, alike for every
 // contender.
 type etcdProbe struct {
-	urls []string
+	urls []string // the members' client URLs
 	hc   *http.Client
 }
 
 func newEtcdProbe(endpoints []string) etcdProbe {
-	p := etcdProbe{hc: &http.Client{Timeout: 2 * time.Second}}
-	for _, ep := range endpoints {
-		p.urls = append(p.urls, strings.TrimRight(ep, "/")+"/metrics")
-	}
-	return p
+	return etcdProbe{urls: endpoints, hc: &http.Client{Timeout: 2 * time.Second}}
 }
 
 // etcdCostMetrics are the counters read from /metrics, by the cost name
@@ -215,36 +209,17 @@ func (p etcdProbe) read(ctx context.Context) counters {
 
 // readMember reads one member's cost counters.
 func (p etcdProbe) readMember(ctx context.Context, url string) (map[string]float64, bool) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	series, err := etcdserver.Metrics(ctx, p.hc, url)
 	if err != nil {
-		return nil, false
-	}
-	resp, err := p.hc.Do(req)
-	if err != nil {
-		return nil, false
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
 		return nil, false
 	}
 	cost := map[string]float64{}
 	seen := map[string]bool{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name, rest, _ := strings.Cut(line, " ")
-		metric, _, _ := strings.Cut(name, "{")
+	for name, v := range series {
+		metric := etcdserver.MetricName(name)
 		as, ok := etcdCostMetrics[metric]
 		if !ok {
 			continue
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		if err != nil {
-			return nil, false
 		}
 		if as == "etcd_cpu_us" {
 			v *= 1e6
@@ -252,7 +227,7 @@ func (p etcdProbe) readMember(ctx context.Context, url string) (map[string]float
 		cost[as] += v
 		seen[metric] = true
 	}
-	if sc.Err() != nil || len(seen) != len(etcdCostMetrics) {
+	if len(seen) != len(etcdCostMetrics) {
 		return nil, false
 	}
 	return cost, true

@@ -1,10 +1,7 @@
 package etcd
 
 import (
-	"bufio"
 	"fmt"
-	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -125,23 +122,13 @@ func keepAlivesBy(t testing.TB, eps []string) []int {
 	t.Helper()
 	out := make([]int, len(eps))
 	for i, ep := range eps {
-		req, err := http.NewRequestWithContext(testCtx(t), http.MethodGet, strings.TrimRight(ep, "/")+"/metrics", nil)
+		series, err := etcdserver.Metrics(testCtx(t), nil, ep)
 		require.NoError(t, err)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64*1024), 1024*1024)
-		for sc.Scan() {
-			line := sc.Text()
-			if !strings.HasPrefix(line, "grpc_server_msg_received_total{") || !strings.Contains(line, `grpc_method="LeaseKeepAlive"`) {
-				continue
+		for name, v := range series {
+			if etcdserver.MetricName(name) == "grpc_server_msg_received_total" && strings.Contains(name, `grpc_method="LeaseKeepAlive"`) {
+				out[i] += int(v)
 			}
-			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			require.NoError(t, err)
-			out[i] += int(v)
 		}
-		require.NoError(t, sc.Err())
-		resp.Body.Close()
 	}
 	return out
 }
