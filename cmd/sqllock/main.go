@@ -1,6 +1,6 @@
 // Command sqllock applies ashlock's schema, runs a command under a
 // distributed lock, lists and releases locks, and load-tests a lock table.
-// See "sqllock --help" and package cmd/sqllock/internal/cli.
+// See "sqllock --help" and package internal/cli.
 package main
 
 import (
@@ -9,7 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/ashlock/ashlock/cmd/sqllock/internal/cli"
+	"github.com/ashlock/ashlock/internal/cli"
 )
 
 func main() {

@@ -304,7 +304,7 @@ func TestRunNotAcquired(t *testing.T) {
 // --help documents.
 func TestREADMEMatchesHelp(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../../../../README.md")
+	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
 	text := string(readme)
 	start := strings.Index(text, "## The `sqllock` command")
@@ -313,7 +313,7 @@ func TestREADMEMatchesHelp(t *testing.T) {
 	if end := strings.Index(section, "\n## "); end >= 0 {
 		section = section[:end]
 	}
-	cliDoc, err := os.ReadFile("../../../../docs/cli.md")
+	cliDoc, err := os.ReadFile("../../docs/cli.md")
 	require.NoError(t, err)
 	reference := string(cliDoc)
 

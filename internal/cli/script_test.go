@@ -127,7 +127,7 @@ func exittoMain() {
 	os.Exit(0)
 }
 
-const scriptDir = "../../testdata/script"
+const scriptDir = "../../cmd/sqllock/testdata/script"
 
 // TestScriptSQLite runs every script against a SQLite file in $WORK.
 func TestScriptSQLite(t *testing.T) {
