@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"regexp"
 	"runtime"
 	"runtime/debug"
@@ -77,6 +76,8 @@ type env struct {
 	quiet, waitProgress bool
 	// cmdName is the command running (run, list...), for messages.
 	cmdName string
+	// dialects are the services beyond the built-in databases (RunWith).
+	dialects []Dialect
 }
 
 // Run runs the sqllock command line args (without the program name) and
@@ -88,17 +89,7 @@ type env struct {
 // handles SIGINT and SIGTERM itself (it forwards them to its command), so
 // main's signal.NotifyContext does not stop a running command.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if cfg := os.Getenv(envSupervisor); cfg != "" {
-		return superviseMain(cfg) // started by run or elect: see supervisor.go
-	}
-	e := &env{
-		stdin: stdin, stdout: stdout, stderr: stderr,
-		getenv:     os.Getenv,
-		environ:    os.Environ,
-		notify:     signal.Notify,
-		stopNotify: signal.Stop,
-	}
-	return e.run(ctx, args)
+	return RunWith(ctx, args, stdin, stdout, stderr)
 }
 
 type command struct {
@@ -138,7 +129,7 @@ created on first use:
   sqlite:PATH                          SQLite (created and migrated on use)
   a path with a "/" or ending in .db,  SQLite too; never a string with "=":
   .sqlite or .sqlite3                  write sqlite:PATH for any other name
-Anything else (a bare word such as "locks") is refused with exit 78.
+%sAnything else (a bare word such as "locks") is refused with exit 78.
 --connect-timeout (default 5s) bounds connecting to PostgreSQL or MariaDB.
 
 Exit statuses (all commands):
@@ -174,7 +165,12 @@ func (e *env) mainUsage(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(&b, "  %-8s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, mainUsage, b.String(), defaultPathForHelp(e.getenv))
+	var ext strings.Builder
+	for _, d := range e.dialects {
+		form, what, _ := strings.Cut(d.Usage, "\t")
+		fmt.Fprintf(&ext, "  %-36s %s\n", form, what)
+	}
+	fmt.Fprintf(w, mainUsage, b.String(), defaultPathForHelp(e.getenv), ext.String())
 }
 
 func (e *env) run(ctx context.Context, args []string) int {

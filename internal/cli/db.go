@@ -34,6 +34,10 @@ type database struct {
 	path    string // SQLite file
 	pg      *pgxpool.Config
 	my      *mysql.Config // MariaDB
+	ext     *Dialect      // a service a Dialect opens
+	raw     string        // its URL, as given: only ever passed to ext
+	// extTimeout is --connect-timeout for ext (0: the default).
+	extTimeout time.Duration
 	// defaultPath is set when the SQLite file is the embedded default, whose
 	// directory is created (0700) on first use.
 	defaultPath bool
@@ -55,6 +59,8 @@ func (e *env) database(f dbFlags) (*database, error) {
 			d.pg.ConnConfig.ConnectTimeout = f.connectTimeout
 		case d.my != nil:
 			d.my.Timeout = f.connectTimeout
+		case d.ext != nil:
+			d.extTimeout = f.connectTimeout
 		}
 	}
 	return d, nil
@@ -68,6 +74,8 @@ func (d *database) connectTimeout() time.Duration {
 		return d.pg.ConnConfig.ConnectTimeout
 	case d.my != nil:
 		return d.my.Timeout
+	case d.ext != nil:
+		return cmp.Or(d.extTimeout, defaultConnectTimeout)
 	}
 	return 0
 }
@@ -102,6 +110,9 @@ func (e *env) resolveDatabase(flagURL string) (*database, error) {
 		return &database{dialect: migrations.SQLite, path: p, display: "sqlite:" + p, defaultPath: true}, nil
 	}
 	scheme, rest, hasScheme := splitScheme(raw)
+	if ext := e.dialectOf(scheme); hasScheme && ext != nil {
+		return parseDialect(ext, raw)
+	}
 	switch {
 	case scheme == "postgres" || scheme == "postgresql":
 		raw = scheme + raw[len(scheme):] // pgx wants the scheme in lower case
@@ -115,7 +126,7 @@ func (e *env) resolveDatabase(flagURL string) (*database, error) {
 		}
 		return &database{dialect: migrations.SQLite, path: rest, display: "sqlite:" + rest}, nil
 	case hasScheme:
-		return nil, fail(ExitConfig, "unsupported database URL scheme %q in %s: want postgres://, postgresql://, host=... (keyword/value), mariadb://, mysql://, sqlite:PATH or a file path", scheme, maskConnString(raw))
+		return nil, fail(ExitConfig, "unsupported database URL scheme %q in %s: want postgres://, postgresql://, host=... (keyword/value), mariadb://, mysql://%s, sqlite:PATH or a file path", scheme, maskConnString(raw), e.dialectSchemes())
 	case strings.Contains(raw, "="):
 		if !hasConnKeyword(raw) {
 			return nil, fail(ExitConfig, "database %q is ambiguous: it has \"=\" but names no PostgreSQL connection keyword (host, port, dbname, user, service); write sqlite:%s for a SQLite file of that name", maskConnString(raw), maskConnString(raw))

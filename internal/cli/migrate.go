@@ -95,6 +95,9 @@ func cmdMigrate(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if res.ext != nil {
+		return e.migrateDialect(res, action)
+	}
 	sqlDB, closeDB, err := e.openSQL(ctx, res, db.schema)
 	if err != nil {
 		return err
@@ -126,6 +129,9 @@ func (e *env) migrateSQL(db dbFlags, dialect string, opts migrations.Options, re
 		if err != nil {
 			return err
 		}
+		if res.ext != nil {
+			return fail(ExitUsage, "%s has no SQL schema: there is no SQL to print", res.ext.Name)
+		}
 		d = res.dialect
 	}
 	if d != migrations.Postgres && d != migrations.SQLite && d != migrations.MariaDB {
@@ -137,6 +143,21 @@ func (e *env) migrateSQL(db dbFlags, dialect string, opts migrations.Options, re
 	}
 	_, err = fmt.Fprint(e.stdout, out)
 	return err
+}
+
+// migrateDialect is migrate up, down or status on a Dialect's service,
+// which keeps no schema: its keys need nothing created first. It does no
+// I/O.
+func (e *env) migrateDialect(d *database, action string) error {
+	switch action {
+	case "down":
+		return fail(ExitUsage, "%s has no lock table to drop; nothing was deleted (its keys stay under their prefix, with their token history)", d.ext.Name)
+	case "status":
+		fmt.Fprintf(e.stdout, "%s needs no migration: %s\n", d.ext.Name, d.display)
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "%s needs no migration: nothing to apply in %s\n", d.ext.Name, d.display)
+	return nil
 }
 
 // migration is an open database that migrate up, down or status works on.

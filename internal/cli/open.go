@@ -105,6 +105,9 @@ type backend struct {
 // on first use; PostgreSQL needs `sqllock migrate up` first. maxConns sizes
 // the PostgreSQL pool (0: pgx's default).
 func (e *env) openBackend(ctx context.Context, d *database, f dbFlags, maxConns int) (*backend, error) {
+	if d.ext != nil {
+		return e.openDialect(ctx, d, f)
+	}
 	switch d.dialect {
 	case migrations.SQLite:
 		if f.schema != "" {

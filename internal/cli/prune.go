@@ -61,5 +61,8 @@ func cmdPrune(ctx context.Context, e *env, args []string) error {
 		return fail(ExitUnavailable, "pruned %d keys, then: %v", n, err)
 	}
 	fmt.Fprintf(e.stdout, "pruned %d keys whose lease ended more than %v ago from %s\n", n, f.olderThan, s.db.display)
+	if s.db.ext != nil && s.db.ext.PruneNote != "" && n == 0 {
+		fmt.Fprintln(e.stdout, s.db.ext.PruneNote)
+	}
 	return nil
 }

@@ -2,18 +2,14 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"fmt"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/rogpeppe/go-internal/testscript"
 
+	"github.com/ashlock/ashlock/internal/cli/clitest"
 	"github.com/ashlock/ashlock/internal/testkit/faultproxy"
 	"github.com/ashlock/ashlock/internal/testkit/leakcheck"
 	"github.com/ashlock/ashlock/internal/testkit/mariatest"
@@ -41,7 +38,7 @@ func TestMain(m *testing.M) {
 	}
 	testscript.Main(leakCheckedMain{m}, map[string]func(){
 		"sqllock": sqllockMain,
-		"exitto":  exittoMain,
+		"exitto":  clitest.ExittoMain,
 	})
 }
 
@@ -90,41 +87,6 @@ func sqllockMain() {
 	code := Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
-}
-
-// exittoMain is the "exitto FILE PROGRAM ARGS..." command of the scripts:
-// it runs PROGRAM with its stdio, forwards SIGINT and SIGTERM to it, writes
-// its exit status (128+N for a death by signal N) to FILE and exits 0. It
-// lets a script start sqllock in the background and check its exit status
-// later, with testscript's end-of-test interrupt reaching sqllock.
-func exittoMain() {
-	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: exitto FILE PROGRAM [ARGS...]")
-		os.Exit(2)
-	}
-	cmd := exec.Command(os.Args[2], os.Args[3:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "exitto:", err)
-		os.Exit(2)
-	}
-	go func() {
-		for s := range sigs {
-			_ = cmd.Process.Signal(s)
-		}
-	}()
-	_ = cmd.Wait()
-	code := cmd.ProcessState.ExitCode()
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		code = 128 + int(ws.Signal())
-	}
-	if err := os.WriteFile(os.Args[1], fmt.Appendf(nil, "%d\n", code), 0o666); err != nil {
-		fmt.Fprintln(os.Stderr, "exitto:", err)
-		os.Exit(2)
-	}
-	os.Exit(0)
 }
 
 const scriptDir = "../../cmd/sqllock/testdata/script"
@@ -205,178 +167,15 @@ var mariaDBScripts = []string{
 }
 
 func scriptParams(dialect string, setup func(*testscript.Env) error) testscript.Params {
-	return testscript.Params{
-		Dir:                 scriptDir,
-		RequireExplicitExec: true,
-		RequireUniqueNames:  true,
-		Setup: func(e *testscript.Env) error {
-			e.Setenv("HOME", filepath.Join(e.WorkDir, "home"))
-			// The mutation check (.ci/mutants) names the mutant to switch
-			// on in these; testscript starts each command with an
-			// environment of its own.
-			for _, k := range []string{"SQLLOCK_MUTANT_GO", "SQLLOCK_MUTANT_GO_REPORT"} {
-				if v, ok := os.LookupEnv(k); ok {
-					e.Setenv(k, v)
-				}
-			}
-			e.Values[scriptT{}] = e.T()
-			return setup(e)
-		},
-		Condition: func(cond string) (bool, error) {
-			switch cond {
-			case "sqlite", "postgres", "mariadb":
-				return cond == dialect, nil
-			}
-			return false, fmt.Errorf("unknown condition %q", cond)
-		},
-		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
-			"exitcode":   cmdExitcode,
-			"waitfile":   cmdWaitfile,
-			"gone":       cmdGone,
-			"readonly":   cmdReadonly,
-			"blackhole":  cmdBlackhole,
-			"sleep":      cmdSleep,
-			"stallproxy": cmdStallproxy,
-			"kvdsn":      cmdKVDSN,
-			"pgbouncer":  cmdPgBouncer,
-			"refusingpg": cmdRefusingPG,
-			"mariauser":  cmdMariaUser,
-		},
-	}
-}
-
-// scriptT is the key of the script's testscript.T in Env.Values.
-type scriptT struct{}
-
-// exitcode [-within D] [-after D] N program args...: runs program like
-// exec, and requires its exit status to be N (and, with -within, that it
-// took at most D; with -after, at least D). stdout and stderr are kept for the next stdout/stderr
-// commands.
-func cmdExitcode(ts *testscript.TestScript, neg bool, args []string) {
-	within, after := time.Duration(0), time.Duration(0)
-	for len(args) >= 2 && (args[0] == "-within" || args[0] == "-after") {
-		d, err := time.ParseDuration(args[1])
-		if err != nil {
-			ts.Fatalf("exitcode: %v", err)
-		}
-		if args[0] == "-within" {
-			within = d
-		} else {
-			after = d
-		}
-		args = args[2:]
-	}
-	if neg || len(args) < 2 {
-		ts.Fatalf("usage: exitcode [-within D] [-after D] N program [args...]")
-	}
-	want, err := strconv.Atoi(args[0])
-	if err != nil {
-		ts.Fatalf("exitcode: %v", err)
-	}
-	start := time.Now()
-	err = ts.Exec(args[1], args[2:]...)
-	if took := time.Since(start); within > 0 && took > within {
-		ts.Fatalf("exitcode: %s took %v, more than %v", args[1], took.Round(time.Millisecond), within)
-	}
-	if took := time.Since(start); took < after {
-		ts.Fatalf("exitcode: %s took %v, less than %v", args[1], took.Round(time.Millisecond), after)
-	}
-	got := 0
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		got = ee.ExitCode()
-	case err != nil:
-		ts.Fatalf("exitcode: %v", err)
-	}
-	if got != want {
-		ts.Fatalf("exit status %d, want %d", got, want)
-	}
-}
-
-// timeoutArg reads the "-timeout D" that may open the arguments of
-// command name (default 15s), and returns the rest.
-func timeoutArg(ts *testscript.TestScript, name string, args []string) (time.Duration, []string) {
-	if len(args) < 2 || args[0] != "-timeout" {
-		return 15 * time.Second, args
-	}
-	d, err := time.ParseDuration(args[1])
-	if err != nil {
-		ts.Fatalf("%s: %v", name, err)
-	}
-	return d, args[2:]
-}
-
-// waitfile [-timeout D] [-unless FILE2 REGEXP2] file [regexp]: waits until
-// file exists (and its content matches regexp), polling; fails after the
-// timeout (default 15s), and with -unless as soon as FILE2's content
-// matches REGEXP2 (a state the script would fail on later anyway, seen
-// without waiting out the timeout).
-func cmdWaitfile(ts *testscript.TestScript, neg bool, args []string) {
-	timeout, args := timeoutArg(ts, "waitfile", args)
-	var unless string
-	var unlessRe *regexp.Regexp
-	if len(args) >= 3 && args[0] == "-unless" {
-		unless, unlessRe = ts.MkAbs(args[1]), regexp.MustCompile(args[2])
-		args = args[3:]
-	}
-	if neg || len(args) < 1 || len(args) > 2 {
-		ts.Fatalf("usage: waitfile [-timeout D] [-unless file regexp] file [regexp]")
-	}
-	var re *regexp.Regexp
-	if len(args) == 2 {
-		re = regexp.MustCompile(args[1])
-	}
-	name := ts.MkAbs(args[0])
-	deadline := time.Now().Add(timeout)
-	for {
-		data, err := os.ReadFile(name)
-		if err == nil && (re == nil || re.Match(data)) {
-			return
-		}
-		if unlessRe != nil {
-			if u, err := os.ReadFile(unless); err == nil && unlessRe.Match(u) {
-				ts.Fatalf("waitfile: %s matches %v before %s appeared (or matched %v); content %q", unless, unlessRe, name, re, u)
-			}
-		}
-		if time.Now().After(deadline) {
-			ts.Fatalf("waitfile: %s did not appear (or match %v) within %v; content %q", args[0], re, timeout, data)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// gone [-timeout D] pidfile: waits until the process whose pid the file
-// holds no longer exists (or is a zombie of another parent).
-func cmdGone(ts *testscript.TestScript, neg bool, args []string) {
-	timeout, args := timeoutArg(ts, "gone", args)
-	if neg || len(args) != 1 {
-		ts.Fatalf("usage: gone [-timeout D] pidfile")
-	}
-	pid, err := strconv.Atoi(string(regexp.MustCompile(`\d+`).Find([]byte(ts.ReadFile(args[0])))))
-	if err != nil {
-		ts.Fatalf("gone: %v", err)
-	}
-	deadline := time.Now().Add(timeout)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			ts.Fatalf("gone: process %d still runs after %v", pid, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// alive reports whether pid runs (a zombie counts as gone).
-func alive(pid int) bool {
-	if syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	m := regexp.MustCompile(`\) (\S)`).FindSubmatch(stat)
-	return m == nil || string(m[1]) != "Z"
+	return clitest.Params(scriptDir, dialect, setup, map[string]func(ts *testscript.TestScript, neg bool, args []string){
+		"readonly":   cmdReadonly,
+		"blackhole":  cmdBlackhole,
+		"stallproxy": cmdStallproxy,
+		"kvdsn":      cmdKVDSN,
+		"pgbouncer":  cmdPgBouncer,
+		"refusingpg": cmdRefusingPG,
+		"mariauser":  cmdMariaUser,
+	})
 }
 
 // readonly file: makes file read-only for this process, also when it runs
@@ -393,7 +192,7 @@ func cmdReadonly(ts *testscript.TestScript, neg bool, args []string) {
 	}
 	if out, err := exec.Command("chattr", "+i", name).CombinedOutput(); err != nil {
 		ts.Logf("running as root and chattr +i failed (%v: %s): cannot make a file read-only", err, out)
-		ts.Value(scriptT{}).(testscript.T).Skip("cannot make a file read-only")
+		ts.Value(clitest.ScriptT{}).(testscript.T).Skip("cannot make a file read-only")
 	}
 	ts.Defer(func() { _ = exec.Command("chattr", "-i", name).Run() })
 }
@@ -444,16 +243,6 @@ func serveLocal(ts *testscript.TestScript, name string, serve func(net.Conn)) {
 	ts.Setenv(name, ln.Addr().String())
 }
 
-// sleep D: waits for the duration D.
-func cmdSleep(ts *testscript.TestScript, neg bool, args []string) {
-	if neg || len(args) != 1 {
-		ts.Fatalf("usage: sleep duration")
-	}
-	d, err := time.ParseDuration(args[0])
-	ts.Check(err)
-	time.Sleep(d)
-}
-
 // stallproxy VAR PATTERN: puts a proxy between the script and the
 // PostgreSQL of $SQLLOCK_DATABASE_URL that passes everything until a
 // request containing PATTERN goes through, and then never delivers that
@@ -500,7 +289,7 @@ func cmdPgBouncer(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 1 {
 		ts.Fatalf("usage: pgbouncer VAR")
 	}
-	t := ts.Value(scriptT{}).(testscript.T).(testing.TB)
+	t := ts.Value(clitest.ScriptT{}).(testscript.T).(testing.TB)
 	b := pgtest.NewPgBouncer(t, pgtest.PoolTransaction, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
