@@ -48,8 +48,21 @@ func main() {
 	small := flag.Int("small", 1000, "keys of the small table compared with")
 	samples := flag.Int("samples", 400, "acquires timed per kind")
 	only := flag.String("only", "sqlite,postgres", "backends to measure")
+	roll := flag.Bool("rolling", false, "instead: lock -keys keys once each, -live held at a time, reaping from the start (PostgreSQL)")
+	live := flag.Int("live", 10_000, "with -rolling: the keys held at any time")
+	batch := flag.Int("batch", 10_000, "with -rolling: keys acquired, released and reaped per round")
 	flag.Parse()
 	ctx := context.Background()
+	if *roll {
+		srv, err := pgserver.Start(pgserver.Options{Durable: true})
+		check(err)
+		defer func() { _ = srv.Stop(pgserver.StopFast); _ = os.RemoveAll(srv.DataDir) }()
+		r := rolling{n: *big, live: *live, batch: *batch}
+		f, err := r.measurePG(ctx, srv.URL)
+		check(err)
+		r.report("postgres", f)
+		return
+	}
 	tmp, err := os.MkdirTemp("", "keygrowth")
 	check(err)
 	defer os.RemoveAll(tmp)
