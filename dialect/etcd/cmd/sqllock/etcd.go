@@ -79,11 +79,15 @@ func parseURL(raw string) (etcdURL, error) {
 	if strings.ContainsRune(rest, '#') {
 		return u, errors.New("an etcd URL has no fragment: percent-encode '#' (%23) in a password or prefix")
 	}
-	rest, query, _ := strings.Cut(rest, "?")
-	authority, path, _ := strings.Cut(rest, "/")
-	if at := strings.LastIndex(authority, "@"); at >= 0 {
-		userinfo := authority[:at]
-		authority = authority[at+1:]
+	// The user info is what precedes the last '@', as the command's
+	// redaction reads it; a '/' or '?' in it would move where the host,
+	// prefix and parameters start, and show a part of the password there.
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		userinfo := rest[:at]
+		rest = rest[at+1:]
+		if strings.ContainsAny(userinfo, "/?") {
+			return u, errors.New("the user name or password has a character that must be percent-encoded (@ %40, : %3A, / %2F, ? %3F, # %23, % %25), also an '@' elsewhere in the URL")
+		}
 		user, password, hasPassword := strings.Cut(userinfo, ":")
 		var err1, err2 error
 		u.username, err1 = url.PathUnescape(user)
@@ -96,13 +100,16 @@ func parseURL(raw string) (etcdURL, error) {
 		}
 		u.hasPassword = hasPassword
 	}
+	rest, query, _ := strings.Cut(rest, "?")
+	authority, path, _ := strings.Cut(rest, "/")
 	if authority == "" {
 		return u, errors.New("no host: want etcd://HOST:PORT[,HOST:PORT...]")
 	}
-	for _, h := range strings.Split(authority, ",") {
+	for i, h := range strings.Split(authority, ",") {
 		hp, err := hostPort(h)
 		if err != nil {
-			return u, err
+			// Not quoted: without its '@', user:password reads as a host.
+			return u, fmt.Errorf("host %d of the URL: %v", i+1, err)
 		}
 		u.hosts = append(u.hosts, hp)
 	}
@@ -163,7 +170,7 @@ func parseURL(raw string) (etcdURL, error) {
 // hostPort checks one member's HOST[:PORT] and adds the default port.
 func hostPort(h string) (string, error) {
 	if h == "" {
-		return "", errors.New("an empty host between commas")
+		return "", errors.New("empty: a host between two commas, or none before one")
 	}
 	host, port := h, defaultPort
 	if strings.HasPrefix(h, "[") || strings.Count(h, ":") == 1 {
@@ -172,17 +179,17 @@ func hostPort(h string) (string, error) {
 		} else {
 			var err error
 			if host, port, err = net.SplitHostPort(h); err != nil {
-				return "", fmt.Errorf("host %q: want HOST, HOST:PORT or [IPv6]:PORT", h)
+				return "", errors.New("want HOST, HOST:PORT or [IPv6]:PORT")
 			}
 		}
 	} else if strings.Contains(h, ":") {
-		return "", fmt.Errorf("host %q: write an IPv6 address in brackets, [ADDRESS]:PORT", h)
+		return "", errors.New("write an IPv6 address in brackets, [ADDRESS]:PORT")
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return "", fmt.Errorf("host %q: the port must be a number from 1 to 65535", h)
+		return "", errors.New("the port must be a number from 1 to 65535")
 	}
 	if host == "" || strings.ContainsAny(host, "/\\ %") {
-		return "", fmt.Errorf("host %q: want a host name or address", h)
+		return "", errors.New("want a host name or address")
 	}
 	return net.JoinHostPort(host, port), nil
 }
