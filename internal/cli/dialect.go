@@ -36,7 +36,7 @@ type Dialect struct {
 	// Open connects to the service raw names and returns the Backend and
 	// what closes it. Errors wrapping [sqllock.ErrUnavailable] exit 69
 	// (the service cannot be reached); others 78 (refused credentials, a
-	// bad certificate); [ErrDialectUsage] 64. Like Parse's, its errors
+	// bad certificate); a [*DialectUsageError] 64. Like Parse's, its errors
 	// must not quote a password.
 	Open func(ctx context.Context, raw string, o DialectOptions) (sqllock.Backend, func(), error)
 	// PruneNote, when set, is printed when prune deleted nothing: for a
@@ -56,9 +56,12 @@ type DialectOptions struct {
 	Logger *slog.Logger
 }
 
-// ErrDialectUsage marks a Dialect's Open error as the user's flags' fault
-// (exit 64), for example a flag the service has no use for.
-var ErrDialectUsage = errors.New("usage")
+// A DialectUsageError is a Dialect's Open error that is the fault of the
+// user's flags (exit 64), for example a --table the service cannot take.
+type DialectUsageError struct{ Err error }
+
+func (e *DialectUsageError) Error() string { return e.Err.Error() }
+func (e *DialectUsageError) Unwrap() error { return e.Err }
 
 // RunWith is [Run] with the Dialects given added to the databases
 // --database-url may name.
@@ -117,16 +120,17 @@ func (e *env) openDialect(ctx context.Context, d *database, f dbFlags) (*backend
 	}
 	o := DialectOptions{Table: f.table, ConnectTimeout: d.connectTimeout(), Logger: e.log}
 	var (
-		b     sqllock.Backend
-		close func()
+		b       sqllock.Backend
+		closeFn func()
+		usage   *DialectUsageError
 	)
 	err := e.connecting(ctx, func() error {
 		var err error
-		b, close, err = d.ext.Open(ctx, d.raw, o)
+		b, closeFn, err = d.ext.Open(ctx, d.raw, o)
 		switch {
 		case err == nil:
 			return nil
-		case errors.Is(err, ErrDialectUsage):
+		case errors.As(err, &usage):
 			return fail(ExitUsage, "%s", redact(err.Error()))
 		case errors.Is(err, sqllock.ErrUnavailable):
 			return fail(ExitUnavailable, "cannot reach %s: %s", d.display, redact(err.Error()))
@@ -136,7 +140,7 @@ func (e *env) openDialect(ctx context.Context, d *database, f dbFlags) (*backend
 	if err != nil {
 		return nil, err
 	}
-	return &backend{Backend: b, close: close}, nil
+	return &backend{Backend: b, close: closeFn}, nil
 }
 
 // EnvSupervisor is the environment variable that makes a sqllock binary

@@ -276,7 +276,7 @@ func tableSegment(table string) (string, error) {
 		return "", nil
 	}
 	if strings.ContainsAny(table, "/\x00") || !utf8.ValidString(table) || len(table) > 63 {
-		return "", fmt.Errorf("--table %q: on etcd it names a key namespace under the URL's prefix: want at most 63 bytes of UTF-8 without '/' or NUL: %w", table, cli.ErrDialectUsage)
+		return "", &cli.DialectUsageError{Err: fmt.Errorf("--table %q: on etcd it names a key namespace under the URL's prefix: want at most 63 bytes of UTF-8 without '/' or NUL", table)}
 	}
 	return table + "/", nil
 }
@@ -315,7 +315,7 @@ func openEtcd(ctx context.Context, raw string, o cli.DialectOptions) (sqllock.Ba
 	}
 	prefix := u.prefix + seg
 	if err := checkPrefix(prefix); err != nil {
-		return nil, nil, fmt.Errorf("prefix and --table: %v: %w", err, cli.ErrDialectUsage)
+		return nil, nil, &cli.DialectUsageError{Err: fmt.Errorf("the URL's prefix and --table together: %v", err)}
 	}
 	tlsCfg, err := u.tlsConfig()
 	if err != nil {
