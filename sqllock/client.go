@@ -279,14 +279,17 @@ func (c *Client) wait(ctx context.Context, a *acquireCall, s settings, wait time
 				wake, stop = w.Watch(he.Key)
 				watched = he.Key
 			}
+		case wctx.Err() != nil && !errors.Is(err, ErrIndeterminate) && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+			// The wait ended under an attempt that cannot have taken the
+			// key (not sent, a lease grant, a read): the wait's end, with
+			// what the attempts before found, not the backend's failure.
+			return grant{}, attempt, c.waitEnded(ctx, wctx, a, cmp.Or(last, err))
 		case errors.Is(err, ErrIndeterminate), errors.Is(err, ErrUnavailable):
 			if a.ma != nil {
 				c.log.DebugContext(ctx, "sqllock: acquire attempt of a set failed, retrying", "keys", a.all.Keys, "owner", a.all.Owner, "backend", c.opts.BackendName, "attempt", attempt, "err", err)
 			} else {
 				c.log.DebugContext(ctx, "sqllock: acquire attempt failed, retrying", "key", a.req.Key, "owner", a.req.Owner, "backend", c.opts.BackendName, "attempt", attempt, "err", err)
 			}
-		case wctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
-			return grant{}, attempt, c.waitEnded(ctx, wctx, a, cmp.Or(last, err))
 		default:
 			return grant{}, attempt, err
 		}

@@ -728,6 +728,38 @@ func TestIndeterminateAcquireWhenTheWaitEnds(t *testing.T) {
 	})
 }
 
+// A wait that ends under an attempt that cannot have taken the key (etcd's
+// lease grant, a read: unavailable, not indeterminate, cut by the wait's
+// deadline) ends as the wait's end, with the holder the attempts before it
+// found, not as the backend being unavailable: sqllock run --wait exits
+// 75 then, not 69 (seen on etcd, where a grant's etcd lease may be
+// granted first).
+func TestWaitEndsUnderAnAttemptThatTookNothing(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		tb := setup(t, sqllock.Options{})
+		holder, err := tb.client.TryAcquire(t.Context(), "k", nil)
+		require.NoError(t, err)
+		var n atomic.Int32
+		tb.b.acquire = func(actx context.Context, req sqllock.AcquireRequest) (sqllock.Lease, error) {
+			if n.Add(1) == 2 {
+				<-actx.Done() // the second attempt is in flight when the wait ends
+				return sqllock.Lease{}, fmt.Errorf("lease grant %q: %w: the context ended while the request was in flight: %w", req.Key, sqllock.ErrUnavailable, actx.Err())
+			}
+			return tb.mem.TryAcquire(actx, req)
+		}
+		// Backoff 0 and no Watcher beside it: the second attempt starts at
+		// once and hangs until the wait ends.
+		_, err = tb.client.Acquire(t.Context(), "k", &sqllock.AcquireOptions{Wait: time.Second})
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorIs(t, err, sqllock.ErrNotAcquired, "%v", err)
+		var he *sqllock.HeldError
+		require.ErrorAs(t, err, &he)
+		require.NotErrorIs(t, err, sqllock.ErrUnavailable, "%v", err)
+		require.NoError(t, holder.Release(t.Context()))
+	})
+}
+
 // An acquire attempt that hangs (a dead connection, a stalled database)
 // does not stall Acquire until its context ends: each attempt is bounded
 // by the TTL less the margin, after which its grant could not be used
