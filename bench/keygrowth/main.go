@@ -24,11 +24,7 @@ import (
 	"github.com/ashlock/ashlock/dialect/postgres"
 	"github.com/ashlock/ashlock/dialect/sqlite"
 	"github.com/ashlock/ashlock/internal/testkit/pgserver"
-	"github.com/ashlock/ashlock/migrations"
 	"github.com/ashlock/ashlock/sqllock"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 )
 
 type figures struct {
@@ -249,30 +245,11 @@ func measureSQLite(ctx context.Context, path string, n, samples int) ([]figures,
 }
 
 func measurePG(ctx context.Context, serverURL string, n, samples int) ([]figures, error) {
-	admin, err := pgx.Connect(ctx, serverURL)
-	if err != nil {
-		return nil, err
-	}
-	defer admin.Close(ctx)
-	db := fmt.Sprintf("growth_%d", n)
-	if _, err := admin.Exec(ctx, `CREATE DATABASE `+db); err != nil {
-		return nil, err
-	}
-	cfg, err := pgxpool.ParseConfig(serverURL)
-	if err != nil {
-		return nil, err
-	}
-	cfg.ConnConfig.Database = db
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgDB(ctx, serverURL, fmt.Sprintf("growth_%d", n))
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
-	sdb := stdlib.OpenDBFromPool(pool)
-	defer sdb.Close()
-	if err := migrations.Up(ctx, migrations.Postgres, sdb, migrations.Options{}); err != nil {
-		return nil, err
-	}
 	_, err = pool.Exec(ctx, `INSERT INTO sqllock_locks (key, token, held, deadline, owner)
 		SELECT format('order:%s', lpad(i::text, 8, '0')), 1, false, clock_timestamp() - interval '1 day', 'app/' || i
 		FROM generate_series(0, $1::int - 1) AS i`, n)
