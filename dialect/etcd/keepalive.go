@@ -507,13 +507,18 @@ func (s *kaStream) fail(k *keepAlives, err error) { s.end(k, err, true) }
 // request waiting on s gets the error (fail), or is taken off s and,
 // unless its caller gave up, returned in ids and reqs, in its lease's
 // order (!fail). Once s has ended, end does nothing.
+//
+// s's context is cancelled only after s.err is set: the cancel ends the
+// stream's Recv, and its reader then fails s; had that fail come first,
+// it would have failed the requests a shed is moving to a new stream
+// (seen as TestKeepAliveLateGiveUpMovesOthers failing now and then).
 func (s *kaStream) end(k *keepAlives, err error, fail bool) (ids []int64, reqs []*kaReq) {
 	k.mu.Lock()
 	if k.cur == s {
 		k.cur = nil
 	}
 	k.mu.Unlock()
-	s.cancel()
+	defer s.cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
