@@ -308,7 +308,11 @@ func TestAcquireGroupCommit(t *testing.T) {
 	var txns int
 	_, err := fmt.Sscanf(by[strings.Index(by, "Txn×"):], "Txn×%d", &txns)
 	require.NoError(t, err, by)
-	require.Less(t, txns, n-4, "batched: %s", by)
+	// Alone, the n grants take n transactions, and the changed keys one
+	// more each (29); batched, 4 go alone, the rest share one or two, and
+	// the held and changed keys' failed nested grants go again alone
+	// (about 15, and 20 once on a loaded CI machine).
+	require.Less(t, txns, n, "batched: %s", by)
 	for i, req := range reqs {
 		switch {
 		case held(i):
