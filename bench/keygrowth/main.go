@@ -264,9 +264,9 @@ func measurePG(ctx context.Context, serverURL string, n, samples int) ([]figures
 		return nil, err
 	}
 	defer b.Close()
-	sizes := func(f *figures) error {
-		return pool.QueryRow(ctx, `SELECT count(*), pg_table_size('sqllock_locks'), pg_indexes_size('sqllock_locks') FROM sqllock_locks`).
-			Scan(&f.rows, &f.tableBytes, &f.indexBytes)
+	sizes := func(f *figures) (err error) {
+		f.rows, f.tableBytes, f.indexBytes, err = pgSizes(ctx, pool)
+		return err
 	}
 	var before figures
 	if err := sizes(&before); err != nil {
