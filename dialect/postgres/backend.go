@@ -56,6 +56,9 @@ type Backend struct {
 	// calls (batch.go); their limit is 0 when group commit is off.
 	acquireQ *groupcommit.Queue[sqllock.AcquireRequest, sqllock.Lease]
 	releaseQ *groupcommit.Queue[sqllock.Lease, struct{}]
+	// permitQ coalesces concurrent TryAcquirePermit calls (permit.go),
+	// keyed by semaphore and owner.
+	permitQ *groupcommit.Queue[sqllock.PermitRequest, sqllock.Lease]
 
 	beforeRacePeek func() // tests: runs before releaseRaced reads the row
 
@@ -132,6 +135,8 @@ func newBackend(opts Options) (*Backend, error) {
 	}
 	b.acquireQ = newQueue(outcome.Acquire, limit, b.sendAcquires)
 	b.releaseQ = newQueue(outcome.Release, limit, b.sendReleases)
+	b.permitQ = newQueue(outcome.Acquire, limit, b.sendPermits)
+	b.permitQ.MaxSize = maxPermitRows
 	return b, nil
 }
 

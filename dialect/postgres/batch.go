@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -173,8 +174,15 @@ const maxBatch = 1024
 // comment above), which send sends as batches.
 func newQueue[Req, Res any](o outcome.Op, limit int, send func(context.Context, []*groupcommit.Member[Req, Res])) *groupcommit.Queue[Req, Res] {
 	return &groupcommit.Queue[Req, Res]{Limit: limit, MaxMembers: maxBatch, Send: send,
-		NotSent:  func(key string, err error) error { return pg.NotSent(o, key, true, err) },
-		InFlight: func(key string, err error) error { return pg.InFlight(o, key, true, err) }}
+		NotSent:  func(key string, err error) error { return pg.NotSent(o, queuedKey(key), true, err) },
+		InFlight: func(key string, err error) error { return pg.InFlight(o, queuedKey(key), true, err) }}
+}
+
+// queuedKey is the key a queue's member key names: a permit's member key
+// is its semaphore's, then a NUL (which no key holds) and its owner.
+func queuedKey(k string) string {
+	key, _, _ := strings.Cut(k, "\x00")
+	return key
 }
 
 // batchFailed sets every member's outcome after a batch statement failed
@@ -191,7 +199,7 @@ func batchFailed[Req, Res any](ctx context.Context, b *Backend, o outcome.Op, me
 			m.Err = groupcommit.ErrAlone
 			continue
 		}
-		m.Err = b.translate(ctx, o, m.Key, err)
+		m.Err = b.translate(ctx, o, queuedKey(m.Key), err)
 	}
 }
 
