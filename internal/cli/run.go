@@ -144,7 +144,7 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&f.key, "key", "", "the lock's `key` (required)")
 	durationVar(fs, &f.ttl, "ttl", sqllock.DefaultTTL, "lease duration, at least 1s; renewed every ttl/3 while COMMAND runs")
 	durationVar(fs, &f.wait, "wait", 0, "how long to wait for the lock; 0 means one attempt")
-	durationVar(fs, &f.minHold, "min-hold", 0, "keep KEY held at least this long after the grant, by the database clock, even when COMMAND ends sooner (SQLite, PostgreSQL, memory; 0: no minimum)")
+	durationVar(fs, &f.minHold, "min-hold", 0, "keep KEY held at least this long after the grant, by the database clock, even when COMMAND ends sooner (0: no minimum)")
 	durationVar(fs, &f.maxHold, "max-hold", 0, "stop COMMAND this long after the acquire (SIGTERM, SIGKILL --grace later, at most ttl/3) and exit 124; 0: no maximum")
 	durationVar(fs, &f.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL when COMMAND is stopped")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", ExitTempFail, "exit status when the lock is not acquired (0 to 255), to tell it from a COMMAND that exits 75 itself")
