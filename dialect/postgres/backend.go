@@ -59,6 +59,9 @@ type Backend struct {
 	// permitQ coalesces concurrent TryAcquirePermit calls (permit.go),
 	// keyed by semaphore and owner.
 	permitQ *groupcommit.Queue[sqllock.PermitRequest, sqllock.Lease]
+	// setQ coalesces concurrent TryAcquireAll calls (multi.go); a
+	// member's size is its number of keys.
+	setQ *groupcommit.Queue[sqllock.MultiAcquireRequest, []sqllock.Lease]
 
 	beforeRacePeek func() // tests: runs before releaseRaced reads the row
 
@@ -137,6 +140,8 @@ func newBackend(opts Options) (*Backend, error) {
 	b.releaseQ = newQueue(outcome.Release, limit, b.sendReleases)
 	b.permitQ = newQueue(outcome.Acquire, limit, b.sendPermits)
 	b.permitQ.MaxSize = maxPermitRows
+	b.setQ = newQueue(outcome.Acquire, limit, b.sendSets)
+	b.setQ.MaxSize = maxBatch
 	return b, nil
 }
 

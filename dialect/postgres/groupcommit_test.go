@@ -29,7 +29,7 @@ import (
 // coalesceAlways makes b coalesce every call that arrives while one
 // statement of its kind is in flight.
 func coalesceAlways(b *Backend) {
-	b.acquireQ.Limit, b.releaseQ.Limit, b.permitQ.Limit = 1, 1, 1
+	b.acquireQ.Limit, b.releaseQ.Limit, b.permitQ.Limit, b.setQ.Limit = 1, 1, 1, 1
 }
 
 func holdQueue[Req, Res any](q *groupcommit.Queue[Req, Res]) { q.Hold() }

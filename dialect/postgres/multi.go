@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -32,7 +33,15 @@ var _ sqllock.MultiAcquirer = (*Backend)(nil)
 // Outcomes as for [Backend.TryAcquire]: a reply lost in flight is
 // [sqllock.ErrIndeterminate], and repeating the request (same Owner)
 // returns the same grant. It needs the table at the latest migration
-// (00005); the group commit of single acquires never carries a set.
+// (00005).
+//
+// Concurrent sets are coalesced as single acquires are (group commit,
+// batch.go), in a queue of their own: while groupCommitInFlight set
+// statements are in flight, a set waits, and the queue goes as one
+// statement and one commit (queries/acquire_all_batch.sql) of sets that
+// share no key, each granted whole or refused whole with the single
+// statement's answer. A batch the server refused (a fresh key inserted
+// first by another transaction fails it whole) sends each set alone.
 func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireRequest) ([]sqllock.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return nil, err
@@ -49,6 +58,16 @@ func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 		return nil, fmt.Errorf("%w: table %s lacks the columns of migration 00005, which an acquire of a set of keys needs (run `sqllock migrate up`, then rebuild the Backend)",
 			sqllock.ErrSchemaMissing, b.table)
 	}
+	if b.setQ.Limit == 0 || st.version != latest {
+		return b.tryAcquireAll(ctx, req, sorted, st)
+	}
+	return b.setQ.DoKeys(ctx, sorted, len(sorted), req, func(ctx context.Context) ([]sqllock.Lease, error) {
+		return b.tryAcquireAll(ctx, req, sorted, st)
+	})
+}
+
+// tryAcquireAll sends req (its keys sorted) alone.
+func (b *Backend) tryAcquireAll(ctx context.Context, req sqllock.MultiAcquireRequest, sorted []string, st *statements) ([]sqllock.Lease, error) {
 	keys, err := json.Marshal(sorted)
 	if err != nil {
 		return nil, err
@@ -74,6 +93,57 @@ func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 		return nil, b.translate(ctx, outcome.Acquire, sorted[0], err)
 	}
 	return acquiredAll(req, sorted, rows)
+}
+
+// setMember is a queued TryAcquireAll.
+type setMember = groupcommit.Member[sqllock.MultiAcquireRequest, []sqllock.Lease]
+
+// sendSets sends members (sets that share no key) as one
+// acquire_all_batch.sql.
+func (b *Backend) sendSets(ctx context.Context, members []*setMember) {
+	if !batches(ctx, b, members) {
+		return
+	}
+	n := len(members)
+	var keys []string
+	var ords []int64
+	micros, owners, values := make([]int64, n), make([]string, n), make([][]byte, n)
+	sorted := make([][]string, n)
+	for i, m := range members {
+		sorted[i] = sqllock.SortedKeys(m.Req.Keys)
+		for _, k := range sorted[i] {
+			keys, ords = append(keys, k), append(ords, int64(i+1))
+		}
+		micros[i], owners[i], values[i] = leaseMicros(m.Req.TTL), m.Req.Owner, nonEmpty(m.Req.Value)
+	}
+	rows := make([]map[string]acquireAllRow, n)
+	for i := range rows {
+		rows[i] = make(map[string]acquireAllRow, len(sorted[i]))
+	}
+	var (
+		ord int64
+		key string
+		r   acquireAllRow
+	)
+	err := b.queryRows(ctx, b.full.acquireAllBatch, []any{keys, ords, micros, owners, values},
+		[]any{&ord, &key, &r.granted, &r.token, &r.deadline, &r.held, &r.owner, &r.now, &r.grantable, &r.unlocked, &r.value, &r.shared}, func() error {
+			if ord < 1 || ord > int64(n) {
+				return fmt.Errorf("sqllock/postgres: batch set acquire returned an unknown set %d", ord)
+			}
+			if _, twice := rows[ord-1][key]; twice || !slices.Contains(sorted[ord-1], key) {
+				return fmt.Errorf("sqllock/postgres: batch set acquire returned key %q of set %d unknown or twice", key, ord)
+			}
+			rows[ord-1][key] = r
+			r.value = nil // scanned fresh for the next row
+			return nil
+		})
+	if err != nil {
+		batchFailed(ctx, b, outcome.Acquire, members, err)
+		return
+	}
+	for i, m := range members {
+		m.Res, m.Err = acquiredAll(m.Req, sorted[i], rows[i])
+	}
 }
 
 // acquireAllRow is what queries/acquire_all.sql returns per key.
@@ -166,12 +236,27 @@ var _ sqllock.MultiReleaser = (*Backend)(nil)
 // nothing, and each lease is then released alone; one whose reply was
 // lost gives every lease Release's answer to a lost reply
 // ([sqllock.ErrIndeterminate]).
+//
+// While the Backend's releases are busy (groupCommitInFlight release
+// statements in flight), or for a single lease, each lease is released
+// as Release releases it instead: it joins the releases' group commit,
+// so that concurrent sets' releases share its statements and commits
+// rather than each sending one of its own.
 func (b *Backend) ReleaseAll(ctx context.Context, ls []sqllock.Lease) ([]error, error) {
 	if err := sqllock.ValidateReleaseAll(ls); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, pg.NotSent(outcome.Release, ls[0].Key, true, err)
+	}
+	if q := b.releaseQ; q.Limit > 0 && (len(ls) == 1 || q.Sending() >= q.Limit) {
+		out := make([]error, len(ls))
+		var wg sync.WaitGroup
+		for i, l := range ls {
+			wg.Go(func() { out[i] = b.Release(ctx, l) })
+		}
+		wg.Wait()
+		return out, nil
 	}
 	members := make([]*releaseMember, len(ls))
 	for i, l := range ls {

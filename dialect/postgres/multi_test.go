@@ -309,6 +309,8 @@ func TestSetStatementsFindRowsByIndex(t *testing.T) {
 		{"release_batch", `ARRAY['k7','k14','k21','new'], ARRAY[1,1,1,1]::bigint[], ARRAY['fill','fill','fill','w']`, func(b *Backend) string { return b.full.releaseBatch }},
 		{"acquire", `'k7', 60000000, 'w', NULL, 0`, func(b *Backend) string { return b.full.acquire }},
 		{"permit_acquire", `'k', 60000000, 'w', NULL, 4`, func(b *Backend) string { return b.permit.acquire }},
+		{"acquire_all_batch", `ARRAY['k7','k14','k21','new'], ARRAY[1,1,2,2]::bigint[], ARRAY[60000000,60000000]::bigint[], ARRAY['w','v'], ARRAY[NULL,NULL]::bytea[]`,
+			func(b *Backend) string { return b.full.acquireAllBatch }},
 		{"permit_acquire_batch", `ARRAY['k','j','k'], ARRAY[60000000,60000000,60000000]::bigint[], ARRAY['w','w','v'], ARRAY[NULL,NULL,NULL]::bytea[], ARRAY[4,4,4]`,
 			func(b *Backend) string { return b.permit.acquireBatch }},
 	} {

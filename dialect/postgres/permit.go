@@ -115,10 +115,10 @@ func (b *Backend) sendPermits(ctx context.Context, members []*permitMember) {
 	}
 	n := len(members)
 	sems, owners := make([]string, n), make([]string, n)
-	micros, limits := make([]int64, n), make([]int32, n)
+	micros, limits := make([]int64, n), make([]int64, n)
 	values := make([][]byte, n)
 	for i, m := range members {
-		sems[i], owners[i], micros[i], limits[i] = m.Req.Key, m.Req.Owner, leaseMicros(m.Req.TTL), int32(m.Req.Permits)
+		sems[i], owners[i], micros[i], limits[i] = m.Req.Key, m.Req.Owner, leaseMicros(m.Req.TTL), int64(m.Req.Permits)
 		values[i] = nonEmpty(m.Req.Value) // nil: NULL
 	}
 	rows := make([]permitRow, n)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ashlock/ashlock/sqllock"
@@ -30,6 +31,27 @@ func goPermit(ctx context.Context, b *Backend, req sqllock.PermitRequest) chan a
 		ch <- acquireResult{l, err}
 	}()
 	return ch
+}
+
+// onEachFlavour runs test in parallel on a Backend of each flavour: the
+// pgx pool, and a *sql.DB of each driver.
+func onEachFlavour(t *testing.T, test func(t *testing.T, b *Backend)) {
+	for _, f := range flavours {
+		t.Run(f.name, func(t *testing.T) {
+			t.Parallel()
+			_, b := f.bundle(t, Options{})
+			test(t, b)
+		})
+	}
+}
+
+// requireNoTransactionID fails unless tx has no transaction id yet: what
+// it ran locked no row and wrote nothing.
+func requireNoTransactionID(t *testing.T, ctx context.Context, tx pgx.Tx, msg string) {
+	t.Helper()
+	var xid *int64
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id_if_assigned()::text::bigint").Scan(&xid))
+	require.Nil(t, xid, msg)
 }
 
 // permitBatch sends reqs as one permit_acquire_batch.sql and returns
@@ -190,7 +212,7 @@ func TestPermitBatchRefusalWritesNothing(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	rows, err := tx.Query(ctx, b.permit.acquireBatch, []string{"s", "t", "s"}, []int64{60_000_000, 60_000_000, 60_000_000},
-		[]string{"a", "b", "c"}, [][]byte{nil, nil, nil}, []int32{1, 1, 1})
+		[]string{"a", "b", "c"}, [][]byte{nil, nil, nil}, []int64{1, 1, 1})
 	require.NoError(t, err)
 	n := 0
 	for rows.Next() {
@@ -202,18 +224,20 @@ func TestPermitBatchRefusalWritesNothing(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, 3, n)
-	var xid *int64
-	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id_if_assigned()::text::bigint").Scan(&xid))
-	require.Nil(t, xid, "a batch of refusals locked or wrote a row")
+	requireNoTransactionID(t, ctx, tx, "a batch of refusals locked or wrote a row")
 }
 
 // Many goroutines take and give back permits of a few semaphores through
 // coalescing: a semaphore never has more holders than its limit (a holder
 // counts itself from its grant until just before its release is sent), a
-// permit never two, and each permit's tokens strictly increase.
+// permit never two, and each permit's tokens strictly increase; on the
+// pgx pool and on a *sql.DB of each driver (the arrays as each sends them).
 func TestPermitBatchHistory(t *testing.T) {
 	t.Parallel()
-	b := newBundle(t, Options{}).backend
+	onEachFlavour(t, permitBatchHistory)
+}
+
+func permitBatchHistory(t *testing.T, b *Backend) {
 	coalesceAlways(b)
 	ctx := testCtx(t)
 	limits := []int{1, 2, 3}

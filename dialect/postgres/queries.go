@@ -72,7 +72,7 @@ type statements struct {
 	sharedAcquireWait                           string // sharedAcquire's waiting form (.Notify)
 	renew, renewBatch, fence, channel, schema   string
 	acquireBatch, releaseBatch                  string
-	acquireAll                                  string // multi.go
+	acquireAll, acquireAllBatch                 string // multi.go
 	reap                                        string // reap.go, from 00006
 	waited, value, hold, shared, durableRelease bool
 }
@@ -90,9 +90,9 @@ func render(s schema) *statements {
 		renew: fill("renew", s), renewBatch: fill("renew_batch", s),
 		fence: fill("fence", s), channel: fill("channel", s), schema: fill("schema", s),
 		acquireBatch: fill("acquire_batch", plain), releaseBatch: fill("release_batch", s),
-		acquireAll: fill("acquire_all", plain),
-		reap:       fill("reap", plain),
-		waited:     s.Version >= 3, value: s.Version >= 4, hold: s.Version >= 5, shared: s.Version >= 7,
+		acquireAll: fill("acquire_all", plain), acquireAllBatch: fill("acquire_all_batch", plain),
+		reap:   fill("reap", plain),
+		waited: s.Version >= 3, value: s.Version >= 4, hold: s.Version >= 5, shared: s.Version >= 7,
 		durableRelease: s.DurableRelease,
 	}
 	if st.shared {

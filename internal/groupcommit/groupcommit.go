@@ -13,7 +13,8 @@
 // call's place in flight. The rules a batch keeps:
 //   - one call per key in a batch: a second call for a key stays queued
 //     for a later batch, behind the first (a key's calls go in arrival
-//     order);
+//     order); a call of several keys ([Queue.DoKeys], a set acquired all
+//     or none) shares a batch with no other call of any of its keys;
 //   - at most [Queue.MaxMembers] members, and at most [Queue.MaxSize] of
 //     the members' sizes together (a member that alone is larger goes
 //     alone);
@@ -60,6 +61,7 @@ type Member[Req, Res any] struct {
 	Key  string
 	Req  Req
 	size int
+	keys []string // every key of a call of several ([Queue.DoKeys]); nil: Key alone
 
 	// Res and Err are the member's outcome, set by Send; Err [ErrAlone]
 	// has the member sent alone.
@@ -121,6 +123,17 @@ type Queue[Req, Res any] struct {
 // against MaxSize. It returns single's result, or the member's outcome
 // from its batch, or the NotSent or InFlight error.
 func (q *Queue[Req, Res]) Do(ctx context.Context, key string, size int, req Req, single func(context.Context) (Res, error)) (Res, error) {
+	return q.do(ctx, key, nil, size, req, single)
+}
+
+// DoKeys is [Queue.Do] for a call of several keys (keys[0] names it in
+// its errors): a batch carries at most one call of each key, so a call
+// of several keys shares a batch with no other call of any of them.
+func (q *Queue[Req, Res]) DoKeys(ctx context.Context, keys []string, size int, req Req, single func(context.Context) (Res, error)) (Res, error) {
+	return q.do(ctx, keys[0], keys, size, req, single)
+}
+
+func (q *Queue[Req, Res]) do(ctx context.Context, key string, keys []string, size int, req Req, single func(context.Context) (Res, error)) (Res, error) {
 	if q.Limit <= 0 {
 		return single(ctx)
 	}
@@ -134,7 +147,7 @@ func (q *Queue[Req, Res]) Do(ctx context.Context, key string, size int, req Req,
 		q.finished()
 		return res, err
 	}
-	m := &Member[Req, Res]{Ctx: ctx, Key: key, Req: req, size: size, done: make(chan struct{})}
+	m := &Member[Req, Res]{Ctx: ctx, Key: key, Req: req, size: size, keys: keys, done: make(chan struct{})}
 	q.queue = append(q.queue, m)
 	q.mu.Unlock()
 	var zero Res
@@ -218,7 +231,7 @@ func (q *Queue[Req, Res]) run(ctx context.Context, members []*Member[Req, Res]) 
 
 // take removes the next batch from the queue: in arrival order, one
 // member per key (a later call for a key stays queued, and so does every
-// call of a key that stays queued), at most MaxMembers, within MaxSize
+// call of a key that stays queued; a call of several keys counts each), at most MaxMembers, within MaxSize
 // (but never none: the first member is taken whatever its size). It
 // returns nil when the queue is empty. A batch of one member is not sent
 // as a batch: take hands that member the place in flight (handed), and it
@@ -231,12 +244,18 @@ func (q *Queue[Req, Res]) take() (members []*Member[Req, Res], ctx context.Conte
 	rest := q.queue[:0]
 	size := 0
 	for _, m := range q.queue {
-		if seen[m.Key] || (q.MaxMembers > 0 && len(members) >= q.MaxMembers) || (q.MaxSize > 0 && len(members) > 0 && size+m.size > q.MaxSize) {
-			seen[m.Key] = true
+		keys := m.keys
+		if keys == nil {
+			keys = []string{m.Key}
+		}
+		clash := slices.ContainsFunc(keys, func(k string) bool { return seen[k] })
+		for _, k := range keys {
+			seen[k] = true
+		}
+		if clash || (q.MaxMembers > 0 && len(members) >= q.MaxMembers) || (q.MaxSize > 0 && len(members) > 0 && size+m.size > q.MaxSize) {
 			rest = append(rest, m)
 			continue
 		}
-		seen[m.Key] = true
 		size += m.size
 		members = append(members, m)
 	}

@@ -221,6 +221,36 @@ func TestOneKeyPerBatch(t *testing.T) {
 	})
 }
 
+// A call of several keys (DoKeys, named by its first key in the fake)
+// shares a batch with no other call of any of its keys: "a+b" and "b+c"
+// never go together, nor "a+b" and "a"; a call after a clash that
+// clashes with nothing taken still joins.
+func TestOneKeyPerBatchAcrossSets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake(1)
+		f.q.Hold()
+		var chs []<-chan result
+		for _, keys := range [][]string{{"a", "b"}, {"b", "c"}, {"a"}, {"d", "e"}, {"c"}} {
+			ch := make(chan result, 1)
+			go func() {
+				res, err := f.q.DoKeys(t.Context(), keys, len(keys), keys[0], f.single(keys[0]))
+				ch <- result{res, err}
+			}()
+			synctest.Wait()
+			chs = append(chs, ch)
+		}
+		require.Equal(t, 5, f.q.Queued())
+		f.q.Flush()
+		for _, ch := range chs {
+			require.NoError(t, (<-ch).err)
+		}
+		_, batches := f.sent()
+		require.Equal(t, [][]string{{"a", "d"}, {"b", "a"}}, batches,
+			"first batch: a+b and d+e (b+c clashes on b, a on a, c on b+c's c); then b+c and a (c clashes with b+c)")
+		require.True(t, f.q.Unhold())
+	})
+}
+
 // A batch takes at most MaxMembers calls; the rest go in the next.
 func TestMaxMembers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
