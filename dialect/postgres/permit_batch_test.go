@@ -302,7 +302,7 @@ func permitBatchHistory(t *testing.T, b *Backend) {
 	}
 	t.Logf("grants %d, permit batches %d, sent alone %d", grants.Load(), b.permitQ.Batches(), b.permitQ.Alone())
 	require.Positive(t, b.permitQ.Batches(), "no permit acquire was coalesced")
-	require.Greater(t, grants.Load(), int64(workers*pairs/4))
+	require.Greater(t, grants.Load(), int64(workers*pairs/10), "too few grants to mean anything")
 }
 
 // Without other calls in flight a permit acquire is sent at once, alone;
