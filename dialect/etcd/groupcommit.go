@@ -14,7 +14,9 @@ import (
 // Group commit: concurrent grants (TryAcquire's first transaction, without
 // a min hold) of one Backend share one transaction, one raft entry, as
 // nested transactions, one per grant; so do concurrent flat releases (see
-// releaseTxn), in transactions of their own.
+// releaseTxn), and concurrent sets' grants (TryAcquireAll's transaction,
+// of sets at most MaxTxnOps/2 operations wide; no two sets of a batch
+// share a key), each in transactions of their own.
 //
 // It adds no latency to a Backend that is not busy: a call is sent at
 // once, alone, with its single transaction, while fewer than groupInFlight
@@ -85,9 +87,15 @@ type groupOutcome struct {
 // returned), else op, its nested form, about size bytes of request, in a
 // batch (the batch's outcome returned, with a nil error).
 func (b *Backend) viaGroup(ctx context.Context, g *txnGroup, key string, op clientv3.Op, size int, single func() (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, groupOutcome, error) {
+	return b.viaGroupKeys(ctx, g, []string{key}, op, size, single)
+}
+
+// viaGroupKeys is viaGroup for a call of several keys (a set): its batch
+// carries no other call of any of them.
+func (b *Backend) viaGroupKeys(ctx context.Context, g *txnGroup, keys []string, op clientv3.Op, size int, single func() (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, groupOutcome, error) {
 	var resp *clientv3.TxnResponse
 	var err error
-	o, gerr := g.Do(ctx, key, size, op, func(context.Context) (groupOutcome, error) {
+	o, gerr := g.DoKeys(ctx, keys, size, op, func(context.Context) (groupOutcome, error) {
 		resp, err = single()
 		return groupOutcome{}, nil
 	})

@@ -382,3 +382,77 @@ func TestAcquireGroupWithinMaxTxnOps(t *testing.T) {
 		require.NoError(t, err, reqs[i].Key)
 	}
 }
+
+// TestSetGroupCommit: concurrent sets share transactions (nested, one per
+// set, no key in two of a batch), with the single set's answers: free
+// sets granted whole with the next tokens; a set with a key held
+// elsewhere refused whole, naming it (the nested transaction failed, and
+// the set was sent again alone, with its reads); a set with a key granted
+// and released elsewhere since this Backend saw it granted with the token
+// after that one. Alone, the 24 sets take 24 transactions and the changed
+// ones one more each (28).
+func TestSetGroupCommit(t *testing.T) {
+	t.Parallel()
+	b, calls, other := counted(t)
+	ctx := testCtx(t)
+	const n = 24
+	held := func(i int) bool { return i%6 == 1 }
+	changed := func(i int) bool { return i%6 == 3 }
+	reqs := make([]sqllock.MultiAcquireRequest, n)
+	for i := range n {
+		reqs[i] = sqllock.MultiAcquireRequest{Keys: []string{fmt.Sprintf("s%02d-b", i), fmt.Sprintf("s%02d-a", i)}, TTL: 10 * time.Second, Owner: "o"}
+		if held(i) || changed(i) {
+			ol, err := other.TryAcquire(ctx, sqllock.AcquireRequest{Key: reqs[i].Keys[0], TTL: 10 * time.Second, Owner: "x"})
+			require.NoError(t, err)
+			if changed(i) {
+				require.NoError(t, other.Release(ctx, ol))
+			}
+		}
+	}
+	// A set grants its keys' etcd leases one after the other: the first
+	// of each set's grants waits for the others', so that the sets' Txns
+	// come together.
+	txnErrs := slowTxnsAfterGrants(calls, 30*time.Millisecond, n)
+	calls.Take()
+	sets := make([][]sqllock.Lease, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, req := range reqs {
+		wg.Go(func() { sets[i], errs[i] = b.TryAcquireAll(ctx, req) })
+	}
+	wg.Wait()
+	_, by := calls.Take()
+	calls.SetFail(nil)
+	require.Empty(t, txnErrs())
+	var txns int
+	_, err := fmt.Sscanf(by[strings.Index(by, "Txn×"):], "Txn×%d", &txns)
+	require.NoError(t, err, by)
+	t.Logf("%d transactions, %d set batches", txns, b.sets.Batches())
+	require.Less(t, txns, n, "batched: %s", by)
+	require.Positive(t, b.sets.Batches())
+	for i, req := range reqs {
+		switch {
+		case held(i):
+			var he *sqllock.HeldError
+			require.True(t, errors.As(errs[i], &he), "%q: %v", req.Keys, errs[i])
+			require.Equal(t, req.Keys[0], he.Key)
+			require.Equal(t, "x", he.Owner)
+			_, err := other.TryAcquire(ctx, sqllock.AcquireRequest{Key: req.Keys[1], TTL: 10 * time.Second, Owner: "y"})
+			require.NoError(t, err, "a refused set took %s", req.Keys[1])
+		case changed(i):
+			require.NoError(t, errs[i], "%q", req.Keys)
+			require.Equal(t, int64(2), sets[i][0].Token, req.Keys[0])
+			require.Equal(t, int64(1), sets[i][1].Token, req.Keys[1])
+		default:
+			require.NoError(t, errs[i], "%q", req.Keys)
+			for _, l := range sets[i] {
+				require.Equal(t, int64(1), l.Token, l.Key)
+			}
+		}
+		if errs[i] == nil {
+			for _, l := range sets[i] {
+				heldBy(t, other, l.Key, "o", l.Token)
+			}
+		}
+	}
+}

@@ -106,7 +106,30 @@ func (b *Backend) tryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 				clientv3.OpGet(b.holdKey(k), clientv3.WithRange(b.holdKey(k)+"\x01"), clientv3.WithLimit(1)))
 		}
 		reads = append(reads, clientv3.OpGet(b.floorKey()))
-		resp, err := b.cli.Txn(ctx).If(cmps...).Then(puts...).Else(reads...).Commit()
+		setTxn := func() (*clientv3.TxnResponse, error) {
+			return b.cli.Txn(ctx).If(cmps...).Then(puts...).Else(reads...).Commit()
+		}
+		var resp *clientv3.TxnResponse
+		if max(len(cmps), len(puts)) <= b.maxOps/2 {
+			// A set that leaves room beside it may share a transaction
+			// with others (see txnGroup): its grant as a nested
+			// transaction; one whose compares fail is sent again alone,
+			// with its reads.
+			size := 64
+			for _, k := range keys {
+				size += 4*len(b.tokenKey(k)) + len(req.Owner) + len(req.Value) + 64
+			}
+			var o groupOutcome
+			resp, o, err = b.viaGroupKeys(ctx, b.sets, keys, clientv3.OpTxn(cmps, puts, nil), size, setTxn)
+			switch {
+			case o.err != nil:
+				return nil, o.err
+			case o.tr != nil:
+				resp = &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: o.rev}, Succeeded: true}
+			}
+		} else {
+			resp, err = setTxn()
+		}
 		if err != nil {
 			// Neither etcd lease is kept as a spare: a key may be on it.
 			return nil, translate(ctx, outcome.Acquire, keys[0], err)
