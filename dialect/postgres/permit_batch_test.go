@@ -306,7 +306,7 @@ func permitBatchHistory(t *testing.T, b *Backend) {
 }
 
 // Without other calls in flight a permit acquire is sent at once, alone;
-// group commit off never queues one.
+// group commit off never queues one, nor a set.
 func TestPermitBatchIdleSendsAlone(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t, Options{}).backend
@@ -317,4 +317,5 @@ func TestPermitBatchIdleSendsAlone(t *testing.T) {
 	require.Zero(t, b.permitQ.Batches())
 	off := newBundle(t, Options{DisableGroupCommit: true}).backend
 	require.Zero(t, off.permitQ.Limit)
+	require.Zero(t, off.setQ.Limit, "DisableGroupCommit turns off the sets' queue too")
 }
