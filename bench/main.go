@@ -19,6 +19,7 @@ import (
 
 type config struct {
 	quick       bool
+	flags       []string // as given, for the report (see main)
 	databaseURL string
 	etcd        string
 	etcdMembers int
@@ -49,6 +50,7 @@ func main() {
 	flag.StringVar(&only, "only", "", "comma-separated sections to run (default all): "+strings.Join(sections, ","))
 	flag.StringVar(&render, "render", "", "measure nothing: rewrite latest.md and the chart in -out from this latest.json")
 	flag.Parse()
+	cfg.flags = runFlags(flag.CommandLine)
 	if render != "" {
 		r, err := readReport(render)
 		if err == nil {
@@ -94,6 +96,25 @@ func main() {
 	}
 }
 
+// runFlags are the flags set on fs that make a run other than the
+// default, as the report's first line shows them: never a URL's value (it
+// may hold a password), nor -out and -render, which change no figure.
+func runFlags(fs *flag.FlagSet) []string {
+	var out []string
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "out", "render":
+		case "database-url", "etcd-endpoints":
+			out = append(out, "-"+f.Name+"=…")
+		case "quick":
+			out = append(out, "-quick="+f.Value.String())
+		default:
+			out = append(out, "-"+f.Name+"="+f.Value.String())
+		}
+	})
+	return out
+}
+
 func fatalf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
 	os.Exit(1)
@@ -106,7 +127,7 @@ func logf(format string, args ...any) {
 }
 
 func run(ctx context.Context, cfg *config) (err error) {
-	rep := &Report{Started: startTime.UTC(), Quick: cfg.quick, Rounds: cfg.rounds, CellSeconds: cfg.dur.Seconds(), Keys: cfg.keys}
+	rep := &Report{Started: startTime.UTC(), Quick: cfg.quick, Flags: cfg.flags, Rounds: cfg.rounds, CellSeconds: cfg.dur.Seconds(), Keys: cfg.keys}
 	// The redis section needs the machine's redis-server; without one it is
 	// skipped, and the report says so.
 	redisBin := ""

@@ -15,6 +15,7 @@ type Report struct {
 	Started     time.Time    `json:"started"`
 	Seconds     float64      `json:"seconds"`
 	Quick       bool         `json:"quick"`
+	Flags       []string     `json:"flags,omitempty"` // what the run measured differently from the default (-out aside)
 	Rounds      int          `json:"rounds"`
 	CellSeconds float64      `json:"cell_seconds"`
 	Keys        int          `json:"keys"`
@@ -244,12 +245,16 @@ func (r *Report) markdown() string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	mode := "default run"
-	if r.Quick {
+	switch {
+	case len(r.Flags) > 0 && !(r.Quick && len(r.Flags) == 1 && r.Flags[0] == "-quick=true"):
+		mode = "not the default run: its figures are not the committed results'"
+	case r.Quick:
 		mode = "`-quick` run"
 	}
+	command := strings.Join(append([]string{"go run ."}, r.Flags...), " ")
 	w("# ashlock benchmarks\n\n")
-	w("`cd bench && go run .` (%s): %d interleaved round(s), %.1f s per throughput cell, random keys from %s; took %s; started %s.\n\n",
-		mode, r.Rounds, r.CellSeconds, num(float64(r.Keys)), (time.Duration(r.Seconds) * time.Second).Round(time.Second), r.Started.Format("2006-01-02 15:04 UTC"))
+	w("`cd bench && %s` (%s): %d interleaved round(s), %.1f s per throughput cell, random keys from %s; took %s; started %s.\n\n",
+		command, mode, r.Rounds, r.CellSeconds, num(float64(r.Keys)), (time.Duration(r.Seconds) * time.Second).Round(time.Second), r.Started.Format("2006-01-02 15:04 UTC"))
 	e := r.Env
 	w("- **Machine**: %d CPUs (%s), %.1f GiB RAM, Linux %s; temp and data directories on %s, where one 8 KiB write + fdatasync at a time runs %s/s.\n",
 		e.CPUs, e.CPUModel, e.MemoryGiB, e.Kernel, e.TempFS, num(e.Fdatasyncs))
