@@ -42,6 +42,7 @@ type Backend struct {
 	acq     *txnGroup // group commit of grants
 	rel     *txnGroup // group commit of releases
 	sets    *txnGroup // group commit of sets (multi.go)
+	permits *txnGroup // group commit of permit acquires (permit.go)
 	// permitsInFlight counts the permit acquires in flight; a chain takes
 	// permitSpare candidates more (see permitChainLen; tests raise it).
 	permitsInFlight atomic.Int64
@@ -75,7 +76,8 @@ func New(cli *clientv3.Client, opts Options) (*Backend, error) {
 		permitSpare: permitSpare}
 	b.acq = b.newGroup(outcome.Acquire, 4) // a first grant's 4 compares
 	b.rel = b.newGroup(outcome.Release, 2)
-	b.sets = b.newGroup(outcome.Acquire, b.maxOps/2) // sets at most that wide go in batches
+	b.sets = b.newGroup(outcome.Acquire, b.maxOps/2)    // sets at most that wide go in batches
+	b.permits = b.newGroup(outcome.Acquire, b.maxOps/2) // see permitBatchDepth
 	b.watch.b = b
 	b.ka.cli = cli
 	return b, nil

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ashlock/ashlock/dialect/etcd/internal/etcdtest"
 	"github.com/ashlock/ashlock/sqllock"
 )
 
@@ -75,6 +76,20 @@ func slowTxnsAfterGrants(calls interface {
 		defer mu.Unlock()
 		return errs
 	}
+}
+
+// txnsTaken ends what slowTxnsAfterGrants set on calls, checks that no
+// transaction failed, and returns how many were sent since the last Take,
+// with calls' summary.
+func txnsTaken(t *testing.T, calls *etcdtest.Calls, txnErrs func() []error) (int, string) {
+	t.Helper()
+	_, by := calls.Take()
+	calls.SetFail(nil)
+	require.Empty(t, txnErrs())
+	var txns int
+	_, err := fmt.Sscanf(by[strings.Index(by, "Txn×"):], "Txn×%d", &txns)
+	require.NoError(t, err, by)
+	return txns, by
 }
 
 // releaseAll releases ls concurrently and returns their errors.
@@ -302,12 +317,7 @@ func TestAcquireGroupCommit(t *testing.T) {
 	txnErrs := slowTxnsAfterGrants(calls, 30*time.Millisecond, n)
 	calls.Take()
 	ls, errs := acquireAll(ctx, b, reqs)
-	_, by := calls.Take()
-	calls.SetFail(nil)
-	require.Empty(t, txnErrs())
-	var txns int
-	_, err := fmt.Sscanf(by[strings.Index(by, "Txn×"):], "Txn×%d", &txns)
-	require.NoError(t, err, by)
+	txns, by := txnsTaken(t, calls, txnErrs)
 	// Alone, the n grants take n transactions, and the changed keys one
 	// more each (29); batched, 4 go alone, the rest share one or two, and
 	// the held and changed keys' failed nested grants go again alone
@@ -421,12 +431,7 @@ func TestSetGroupCommit(t *testing.T) {
 		wg.Go(func() { sets[i], errs[i] = b.TryAcquireAll(ctx, req) })
 	}
 	wg.Wait()
-	_, by := calls.Take()
-	calls.SetFail(nil)
-	require.Empty(t, txnErrs())
-	var txns int
-	_, err := fmt.Sscanf(by[strings.Index(by, "Txn×"):], "Txn×%d", &txns)
-	require.NoError(t, err, by)
+	txns, by := txnsTaken(t, calls, txnErrs)
 	t.Logf("%d transactions, %d set batches", txns, b.sets.Batches())
 	require.Less(t, txns, n, "batched: %s", by)
 	require.Positive(t, b.sets.Batches())
@@ -454,5 +459,102 @@ func TestSetGroupCommit(t *testing.T) {
 				heldBy(t, other, l.Key, "o", l.Token)
 			}
 		}
+	}
+}
+
+// TestPermitGroupCommit: concurrent permit acquires of distinct
+// semaphores share transactions (nested, one per semaphore in a batch),
+// with the single call's answers: a free permit granted with the next
+// token; a semaphore whose only permit another Backend took since this
+// one saw it refused, naming the holder (its chain's compares failed and
+// it read the semaphore). Alone, the 24 acquires take 24 transactions and
+// the taken ones one more each (28).
+func TestPermitGroupCommit(t *testing.T) {
+	t.Parallel()
+	b, calls, other := counted(t)
+	ctx := testCtx(t)
+	const n = 24
+	taken := func(i int) bool { return i%6 == 1 }
+	reqs := make([]sqllock.PermitRequest, n)
+	for i := range n {
+		reqs[i] = sqllock.PermitRequest{AcquireRequest: sqllock.AcquireRequest{Key: fmt.Sprintf("sem%02d", i), TTL: 10 * time.Second, Owner: "o"}, Permits: 1}
+		setup := reqs[i]
+		setup.Owner = "setup"
+		l, err := b.TryAcquirePermit(ctx, setup)
+		require.NoError(t, err)
+		require.NoError(t, b.Release(ctx, l))
+		if taken(i) {
+			setup.Owner = "x"
+			_, err := other.TryAcquirePermit(ctx, setup)
+			require.NoError(t, err)
+		}
+	}
+	// No spare etcd leases left by the setup: each acquire grants one,
+	// and the grants wait for each other so that the Txns come together.
+	b.mu.Lock()
+	clear(b.spares)
+	b.mu.Unlock()
+	txnErrs := slowTxnsAfterGrants(calls, 30*time.Millisecond, n)
+	calls.Take()
+	ls := make([]sqllock.Lease, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, req := range reqs {
+		wg.Go(func() { ls[i], errs[i] = b.TryAcquirePermit(ctx, req) })
+	}
+	wg.Wait()
+	txns, by := txnsTaken(t, calls, txnErrs)
+	t.Logf("%d transactions, %d permit batches", txns, b.permits.Batches())
+	require.Less(t, txns, n, "batched: %s", by)
+	for i, req := range reqs {
+		if taken(i) {
+			var pe *sqllock.PermitsHeldError
+			require.True(t, errors.As(errs[i], &pe), "%s: %v", req.Key, errs[i])
+			require.Len(t, pe.Holders, 1)
+			require.Equal(t, "x", pe.Holders[0].Owner)
+			continue
+		}
+		require.NoError(t, errs[i], req.Key)
+		require.Equal(t, sqllock.PermitKey(req.Key, 1), ls[i].Key)
+		require.Equal(t, int64(2), ls[i].Token, req.Key)
+		infos, err := other.List(ctx, ls[i].Key)
+		require.NoError(t, err)
+		require.Len(t, infos, 1)
+		require.True(t, infos[0].Held, "List: %+v", infos[0])
+		require.Equal(t, "o", infos[0].Owner)
+		require.Equal(t, int64(2), infos[0].Token)
+	}
+}
+
+// TestPermitGroupWithinMaxTxnOps: more concurrent permit acquires than a
+// transaction may hold go in several batches, each chain cut to what its
+// batch leaves it (permitBatchDepth), and etcd refuses none.
+func TestPermitGroupWithinMaxTxnOps(t *testing.T) {
+	t.Parallel()
+	b, calls, _ := counted(t)
+	ctx := testCtx(t)
+	n := DefaultMaxTxnOps + 20
+	reqs := make([]sqllock.PermitRequest, n)
+	for i := range n {
+		// 64 permits: chains as long as the acquires in flight allow
+		// alone, longer than a batch leaves room for.
+		reqs[i] = sqllock.PermitRequest{AcquireRequest: sqllock.AcquireRequest{Key: fmt.Sprintf("sem%03d", i), TTL: 10 * time.Second, Owner: "setup"}, Permits: 64}
+		l, err := b.TryAcquirePermit(ctx, reqs[i])
+		require.NoError(t, err)
+		require.NoError(t, b.Release(ctx, l))
+		reqs[i].Owner = "o"
+	}
+	txnErrs := slowTxnsBy(calls, 300*time.Millisecond) // all queued before the first batch
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, req := range reqs {
+		wg.Go(func() { _, errs[i] = b.TryAcquirePermit(ctx, req) })
+	}
+	wg.Wait()
+	calls.SetFail(nil)
+	require.Empty(t, txnErrs(), "a batch etcd refused")
+	require.Positive(t, b.permits.Batches())
+	for i, err := range errs {
+		require.NoError(t, err, reqs[i].Key)
 	}
 }

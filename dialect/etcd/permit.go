@@ -68,6 +68,19 @@ func (b *Backend) permitChainLen() int {
 	return min(b.permitChainDepth(), int(b.permitsInFlight.Load())+b.permitSpare)
 }
 
+// permitBatchDepth is permitChainDepth for a chain that goes in a batch
+// of the permits' group commit (b.permits), whose members have what the
+// batch's up to MaxTxnOps/2 members leave; 0 when that is too little for
+// a chain of one, and permits then always go alone. A longer chain is cut
+// to it in a batch, and goes whole when sent alone.
+func (b *Backend) permitBatchDepth() int {
+	left := b.maxOps - b.maxOps/2
+	if left < 5 {
+		return 0
+	}
+	return (left-5)/2 + 1
+}
+
 // limitValue is the limit's token record for a limit of n permits.
 func limitValue(n int) string {
 	v, _ := json.Marshal(tokenRecord{Token: int64(n)}) // cannot fail: an int and a string
@@ -407,9 +420,39 @@ func (b *Backend) permitTxn(ctx context.Context, req sqllock.PermitRequest, cand
 	known := b.limitKnown(req.Key, req.Permits)
 	var resp *clientv3.TxnResponse
 	if known {
-		resp, err = b.cli.Txn(ctx).If(
-			clientv3.Compare(clientv3.Value(limKey), "=", limitValue(req.Permits)),
-		).Then(chain).Else(b.semOps(req.Key)...).Commit()
+		limit := clientv3.Compare(clientv3.Value(limKey), "=", limitValue(req.Permits))
+		single := func() (*clientv3.TxnResponse, error) {
+			return b.cli.Txn(ctx).If(limit).Then(chain).Else(b.semOps(req.Key)...).Commit()
+		}
+		if depth := b.permitBatchDepth(); depth == 0 {
+			resp, err = single()
+		} else {
+			// Concurrent permit acquires may share a transaction (see
+			// txnGroup), one per semaphore in a batch (two chains of one
+			// semaphore would write the same candidates): the limit's
+			// compare and the chain, nested, at most as long as what a
+			// batch leaves it; one whose limit compare fails is sent
+			// again alone, with its reads.
+			batched, batchedChain := cands[:min(len(cands), depth)], chain
+			if len(batched) < len(cands) {
+				if batchedChain, err = b.permitChain(req, batched, id); err != nil {
+					return permitOutcome{}, err
+				}
+			}
+			size := 64
+			for _, c := range batched {
+				size += 4*len(b.tokenKey(sqllock.PermitKey(req.Key, c.i))) + len(req.Owner) + len(req.Value) + 64
+			}
+			var o groupOutcome
+			resp, o, err = b.viaGroup(ctx, b.permits, req.Key, clientv3.OpTxn([]clientv3.Cmp{limit}, []clientv3.Op{batchedChain}, nil), size, single)
+			switch {
+			case o.err != nil:
+				return permitOutcome{}, o.err
+			case o.tr != nil:
+				resp = &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: o.rev}, Succeeded: true, Responses: o.tr.Responses}
+				cands = batched // the chain that went
+			}
+		}
 	} else {
 		resp, err = b.cli.Txn(ctx).If(
 			clientv3.Compare(clientv3.CreateRevision(limKey), "=", 0),
