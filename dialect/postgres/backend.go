@@ -61,7 +61,7 @@ type Backend struct {
 	permitQ *groupcommit.Queue[sqllock.PermitRequest, sqllock.Lease]
 	// setQ coalesces concurrent TryAcquireAll calls (multi.go); a
 	// member's size is its number of keys.
-	setQ *groupcommit.Queue[sqllock.MultiAcquireRequest, []sqllock.Lease]
+	setQ *groupcommit.Queue[setCall, []sqllock.Lease]
 
 	beforeRacePeek func() // tests: runs before releaseRaced reads the row
 

@@ -61,9 +61,16 @@ func (b *Backend) TryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 	if b.setQ.Limit == 0 || st.version != latest {
 		return b.tryAcquireAll(ctx, req, sorted, st)
 	}
-	return b.setQ.DoKeys(ctx, sorted, len(sorted), req, func(ctx context.Context) ([]sqllock.Lease, error) {
+	return b.setQ.DoKeys(ctx, sorted, len(sorted), setCall{req, sorted}, func(ctx context.Context) ([]sqllock.Lease, error) {
 		return b.tryAcquireAll(ctx, req, sorted, st)
 	})
+}
+
+// setCall is a TryAcquireAll as its queue carries it: the request and its
+// keys sorted.
+type setCall struct {
+	req    sqllock.MultiAcquireRequest
+	sorted []string
 }
 
 // tryAcquireAll sends req (its keys sorted) alone.
@@ -96,7 +103,7 @@ func (b *Backend) tryAcquireAll(ctx context.Context, req sqllock.MultiAcquireReq
 }
 
 // setMember is a queued TryAcquireAll.
-type setMember = groupcommit.Member[sqllock.MultiAcquireRequest, []sqllock.Lease]
+type setMember = groupcommit.Member[setCall, []sqllock.Lease]
 
 // sendSets sends members (sets that share no key) as one
 // acquire_all_batch.sql.
@@ -108,17 +115,14 @@ func (b *Backend) sendSets(ctx context.Context, members []*setMember) {
 	var keys []string
 	var ords []int64
 	micros, owners, values := make([]int64, n), make([]string, n), make([][]byte, n)
-	sorted := make([][]string, n)
+	rows := make([]map[string]acquireAllRow, n)
 	for i, m := range members {
-		sorted[i] = sqllock.SortedKeys(m.Req.Keys)
-		for _, k := range sorted[i] {
+		for _, k := range m.Req.sorted {
 			keys, ords = append(keys, k), append(ords, int64(i+1))
 		}
-		micros[i], owners[i], values[i] = leaseMicros(m.Req.TTL), m.Req.Owner, nonEmpty(m.Req.Value)
-	}
-	rows := make([]map[string]acquireAllRow, n)
-	for i := range rows {
-		rows[i] = make(map[string]acquireAllRow, len(sorted[i]))
+		req := m.Req.req
+		micros[i], owners[i], values[i] = leaseMicros(req.TTL), req.Owner, nonEmpty(req.Value)
+		rows[i] = make(map[string]acquireAllRow, len(m.Req.sorted))
 	}
 	var (
 		ord int64
@@ -130,7 +134,7 @@ func (b *Backend) sendSets(ctx context.Context, members []*setMember) {
 			if ord < 1 || ord > int64(n) {
 				return fmt.Errorf("sqllock/postgres: batch set acquire returned an unknown set %d", ord)
 			}
-			if _, twice := rows[ord-1][key]; twice || !slices.Contains(sorted[ord-1], key) {
+			if _, twice := rows[ord-1][key]; twice || !slices.Contains(members[ord-1].Req.sorted, key) {
 				return fmt.Errorf("sqllock/postgres: batch set acquire returned key %q of set %d unknown or twice", key, ord)
 			}
 			rows[ord-1][key] = r
@@ -142,7 +146,7 @@ func (b *Backend) sendSets(ctx context.Context, members []*setMember) {
 		return
 	}
 	for i, m := range members {
-		m.Res, m.Err = acquiredAll(m.Req, sorted[i], rows[i])
+		m.Res, m.Err = acquiredAll(m.Req.req, m.Req.sorted, rows[i])
 	}
 }
 
