@@ -231,8 +231,9 @@ func (q *Queue[Req, Res]) run(ctx context.Context, members []*Member[Req, Res]) 
 
 // take removes the next batch from the queue: in arrival order, one
 // member per key (a later call for a key stays queued, and so does every
-// call of a key that stays queued; a call of several keys counts each), at most MaxMembers, within MaxSize
-// (but never none: the first member is taken whatever its size). It
+// call of a key that stays queued; a call of several keys counts each),
+// at most MaxMembers, within MaxSize (but never none: the first member is
+// taken whatever its size). It
 // returns nil when the queue is empty. A batch of one member is not sent
 // as a batch: take hands that member the place in flight (handed), and it
 // sends its request itself, alone. q.mu is held.
@@ -244,12 +245,12 @@ func (q *Queue[Req, Res]) take() (members []*Member[Req, Res], ctx context.Conte
 	rest := q.queue[:0]
 	size := 0
 	for _, m := range q.queue {
-		keys := m.keys
-		if keys == nil {
-			keys = []string{m.Key}
+		clash := seen[m.Key] // m.keys, when set, starts with m.Key
+		for _, k := range m.keys {
+			clash = clash || seen[k]
 		}
-		clash := slices.ContainsFunc(keys, func(k string) bool { return seen[k] })
-		for _, k := range keys {
+		seen[m.Key] = true
+		for _, k := range m.keys {
 			seen[k] = true
 		}
 		if clash || (q.MaxMembers > 0 && len(members) >= q.MaxMembers) || (q.MaxSize > 0 && len(members) > 0 && size+m.size > q.MaxSize) {

@@ -222,15 +222,16 @@ func TestOneKeyPerBatch(t *testing.T) {
 }
 
 // A call of several keys (DoKeys, named by its first key in the fake)
-// shares a batch with no other call of any of its keys: "a+b" and "b+c"
-// never go together, nor "a+b" and "a"; a call after a clash that
-// clashes with nothing taken still joins.
+// shares a batch with no other call of any of its keys, the first or any
+// other: "a+b" and "b+c" never go together, nor "a+b" and "a", nor "d+e"
+// and "f+d"; a call after a clash that clashes with nothing taken still
+// joins.
 func TestOneKeyPerBatchAcrossSets(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake(1)
 		f.q.Hold()
 		var chs []<-chan result
-		for _, keys := range [][]string{{"a", "b"}, {"b", "c"}, {"a"}, {"d", "e"}, {"c"}} {
+		for _, keys := range [][]string{{"a", "b"}, {"b", "c"}, {"a"}, {"d", "e"}, {"c"}, {"f", "d"}} {
 			ch := make(chan result, 1)
 			go func() {
 				res, err := f.q.DoKeys(t.Context(), keys, len(keys), keys[0], f.single(keys[0]))
@@ -239,14 +240,14 @@ func TestOneKeyPerBatchAcrossSets(t *testing.T) {
 			synctest.Wait()
 			chs = append(chs, ch)
 		}
-		require.Equal(t, 5, f.q.Queued())
+		require.Equal(t, 6, f.q.Queued())
 		f.q.Flush()
 		for _, ch := range chs {
 			require.NoError(t, (<-ch).err)
 		}
 		_, batches := f.sent()
-		require.Equal(t, [][]string{{"a", "d"}, {"b", "a"}}, batches,
-			"first batch: a+b and d+e (b+c clashes on b, a on a, c on b+c's c); then b+c and a (c clashes with b+c)")
+		require.Equal(t, [][]string{{"a", "d"}, {"b", "a", "f"}}, batches,
+			"first batch: a+b and d+e (b+c clashes on b, a on a, c on b+c's c, f+d on its second key); then b+c, a and f+d (c clashes with b+c)")
 		require.True(t, f.q.Unhold())
 	})
 }
