@@ -35,7 +35,12 @@ type testBundle struct {
 // and a Backend on it, closed in t.Cleanup before the pool.
 func newBundle(t testing.TB, opts Options) *testBundle {
 	t.Helper()
-	db := pgtest.New(t)
+	return newBundleIn(t, pgtest.New(t), opts)
+}
+
+// newBundleIn is newBundle on db.
+func newBundleIn(t testing.TB, db *pgtest.DB, opts Options) *testBundle {
+	t.Helper()
 	sqlDB := stdlib.OpenDBFromPool(db.Pool)
 	defer sqlDB.Close()
 	// Naming the test's schema (which is also the pool's search_path) gives

@@ -91,25 +91,59 @@ func New(t testing.TB) *DB {
 		t.Fatalf("pgtest: create schema %s on %s: %v", schema, URLForLog(adminURL), err)
 	}
 	db := &DB{Schema: schema, AdminURL: adminURL, URL: withParam(adminURL, "search_path", schema)}
+	return db.open(t, ctx, source, "schema "+schema, adminURL, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+}
+
+// open gives db its pool, and drops what (with dropSQL, sent to adminURL)
+// in t.Cleanup unless the test failed.
+func (db *DB) open(t testing.TB, ctx context.Context, source, what, adminURL, dropSQL string) *DB {
+	t.Helper()
 	pool, err := pgxpool.New(ctx, db.URL)
 	if err != nil {
 		t.Fatalf("pgtest: pool for %s: %v", URLForLog(db.URL), err)
 	}
 	db.Pool = pool
-	t.Logf("pgtest: schema %s on %s", schema, source)
+	t.Logf("pgtest: %s on %s", what, source)
 	t.Cleanup(func() {
 		pool.Close()
 		if t.Failed() {
-			t.Logf("pgtest: kept schema %s: %s", schema, URLForLog(db.URL))
+			t.Logf("pgtest: kept %s: %s", what, URLForLog(db.URL))
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := execAdmin(ctx, adminURL, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("pgtest: drop schema %s: %v", schema, err)
+		if err := execAdmin(ctx, adminURL, dropSQL); err != nil {
+			t.Errorf("pgtest: drop %s: %v", what, err)
 		}
 	})
 	return db
+}
+
+// NewDatabase is New in a fresh database of its own on the shared server,
+// for a test of what PostgreSQL does per database: VACUUM keeps the row
+// versions that any open transaction of the database may still see, and
+// REINDEX CONCURRENTLY waits for every older transaction of the database,
+// so the other tests' transactions (a fenced one held open on purpose)
+// would hold such a test up. The database is dropped in t.Cleanup (kept,
+// with its URL logged, when the test failed).
+func NewDatabase(t testing.TB) *DB {
+	t.Helper()
+	adminURL, source := sharedServer(t)
+	name := schemaName(t.Name())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := execAdmin(ctx, adminURL, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("pgtest: create database %s on %s: %v", name, URLForLog(adminURL), err)
+	}
+	dbURL, err := withDatabase(adminURL, name)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	if err := execAdmin(ctx, dbURL, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("pgtest: create schema %s in database %s: %v", name, name, err)
+	}
+	db := &DB{Schema: name, AdminURL: dbURL, URL: withParam(dbURL, "search_path", name)}
+	return db.open(t, ctx, source, "database "+name, adminURL, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 }
 
 // URLForLog returns url without its password, for logs and messages. It
