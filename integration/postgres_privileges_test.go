@@ -211,6 +211,17 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, beA.Release(ctx, pl))
 
+	// Compacting needs the owner's rights (VACUUM, REINDEX): refused before
+	// any row moved (no row has a new version: the ctids stay).
+	ctids := func() (s string) {
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT string_agg(ctid::text || key, ',' ORDER BY key) FROM "+tableID).Scan(&s))
+		return s
+	}
+	was := ctids()
+	_, err = beA.Compact(ctx)
+	require.ErrorIs(t, err, postgres.ErrNotOwner)
+	require.Equal(t, was, ctids(), "a refused compaction moved rows")
+
 	// Migrations need more than the runtime: as the role, Up fails both on
 	// a fresh schema (no CREATE on the database) and in the schema it may
 	// use (no CREATE there either), and leaves nothing behind. (goose tries

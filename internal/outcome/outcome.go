@@ -48,6 +48,9 @@ const (
 	// Reap deletes ended keys; repeating it is harmless, so a failure in
 	// flight is merely unavailable.
 	Reap Op = "reap"
+	// Compact moves live rows and rebuilds indexes; no row changes its
+	// content, so a failure in flight is merely unavailable.
+	Compact Op = "compact"
 	// Fence starts a fenced transaction: it checks the lease and changes
 	// nothing of the caller's.
 	Fence Op = "fenced transaction"
