@@ -24,18 +24,29 @@ key, so a pruned key's next holder gets a larger token than any it had.
 SQLite, PostgreSQL and MariaDB prune, after "sqllock migrate up"
 (PostgreSQL: migration 00006; MariaDB: 00006).
 
+With --compact (PostgreSQL), it then gives the pruned rows' space back:
+VACUUM leaves a table at its size when its live rows sit in its last
+pages, as they do after a burst of keys; --compact moves them toward the
+start, vacuums and rebuilds the index concurrently, changing no row and
+blocking no acquire (docs/key-reaping.md). It needs the table owner's
+rights, and waits for transactions older than its index rebuild. The
+other backends reuse or return that space themselves.
+
 Example:
   sqllock prune --older-than 24h
+  sqllock prune --compact
 `
 
 // pruneFlags are prune's flags.
 type pruneFlags struct {
 	db        dbFlags
 	olderThan time.Duration
+	compact   bool
 }
 
 func (f *pruneFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.olderThan, "older-than", time.Hour, "delete keys whose lease ended more than this `duration` ago")
+	fs.BoolVar(&f.compact, "compact", false, "then give the space back (PostgreSQL: move live rows, VACUUM, REINDEX CONCURRENTLY)")
 }
 
 func cmdPrune(ctx context.Context, e *env, args []string) error {
@@ -64,5 +75,28 @@ func cmdPrune(ctx context.Context, e *env, args []string) error {
 	if s.db.ext != nil && s.db.ext.PruneNote != "" && n == 0 {
 		fmt.Fprintln(e.stdout, s.db.ext.PruneNote)
 	}
+	if !f.compact {
+		return nil
+	}
+	c, ok := s.backend.Backend.(sqllock.Compactor)
+	if !ok {
+		fmt.Fprintf(e.stdout, "nothing to compact: %s reuses the space of pruned keys itself\n", s.db.display)
+		return nil
+	}
+	cs, err := c.Compact(ctx)
+	switch {
+	case errors.Is(err, sqllock.ErrSchemaMissing):
+		return fail(ExitConfig, "%v", err)
+	case errors.Is(err, sqllock.ErrUnavailable):
+		return fail(ExitUnavailable, "compact: %v", err)
+	case err != nil:
+		// Not the table's owner, or an error the server answered with.
+		return fail(ExitConfig, "compact: %v", err)
+	}
+	fmt.Fprintf(e.stdout, "compacted %s: %d rows, %d moved toward the start, %d left where other transactions held them; table %s -> %s, indexes %s -> %s\n",
+		s.db.display, cs.Rows, cs.Moved, cs.Left, mib(cs.TableBytes[0]), mib(cs.TableBytes[1]), mib(cs.IndexBytes[0]), mib(cs.IndexBytes[1]))
 	return nil
 }
+
+// mib is n bytes in MiB, for prune's report.
+func mib(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20)) }
