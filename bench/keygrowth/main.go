@@ -30,6 +30,7 @@ import (
 type figures struct {
 	label                  string
 	sizeOnly               bool
+	compacted              bool // reaped is the rows Compact moved, reapTime its time
 	reaped                 int
 	reapTime               time.Duration
 	walBytes               int64
@@ -98,7 +99,10 @@ func report(backend string, n int, f figures) {
 			float64(f.tableBytes)/(1<<20), float64(f.indexBytes)/(1<<20))
 		return
 	}
-	if f.label != "" {
+	if f.compacted {
+		fmt.Printf("%-8s keys=%-8d %s: moved %d rows in %v (%.1f MiB WAL)\n", backend, n, f.label, f.reaped,
+			f.reapTime.Round(time.Millisecond), float64(f.walBytes)/(1<<20))
+	} else if f.label != "" {
 		fmt.Printf("%-8s keys=%-8d %s: reaped %d in %v (%d statements, %.1f MiB WAL)\n", backend, n, f.label, f.reaped,
 			f.reapTime.Round(time.Millisecond), (f.reaped+sqllock.DefaultReapLimit)/sqllock.DefaultReapLimit, float64(f.walBytes)/(1<<20))
 	}
@@ -300,6 +304,26 @@ func measurePG(ctx context.Context, serverURL string, n, samples int) ([]figures
 	if err := timings(ctx, b, int(after.rows), samples, &after, false); err != nil {
 		return nil, err
 	}
+	compacted := figures{label: "after Backend.Compact (moves the live rows, VACUUM, REINDEX CONCURRENTLY; no ACCESS EXCLUSIVE wait)", compacted: true}
+	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn0); err != nil {
+		return nil, err
+	}
+	begin = time.Now()
+	cs, err := b.Compact(ctx)
+	if err != nil {
+		return nil, err
+	}
+	compacted.reapTime = time.Since(begin)
+	compacted.reaped = int(cs.Moved)
+	if err := pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, lsn0).Scan(&compacted.walBytes); err != nil {
+		return nil, err
+	}
+	if err := sizes(&compacted); err != nil {
+		return nil, err
+	}
+	if err := timings(ctx, b, int(compacted.rows), samples, &compacted, false); err != nil {
+		return nil, err
+	}
 	full := figures{label: "after VACUUM FULL (rewrites the table; ACCESS EXCLUSIVE while it runs)", sizeOnly: true}
 	if _, err := pool.Exec(ctx, `VACUUM FULL sqllock_locks`); err != nil {
 		return nil, err
@@ -307,5 +331,5 @@ func measurePG(ctx context.Context, serverURL string, n, samples int) ([]figures
 	if err := sizes(&full); err != nil {
 		return nil, err
 	}
-	return []figures{before, after, full}, nil
+	return []figures{before, after, compacted, full}, nil
 }
