@@ -255,13 +255,18 @@ func TestCompactWaitsForOlderSnapshots(t *testing.T) {
 	burst(t, b, 20000, 100)
 	tx, err := adminPool(b).BeginTx(testCtx(t), pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
-	defer tx.Rollback(context.Background())
 	var n int
-	require.NoError(t, tx.QueryRow(testCtx(t), `SELECT count(*) FROM `+b.table).Scan(&n))
+	if err := tx.QueryRow(testCtx(t), `SELECT count(*) FROM `+b.table).Scan(&n); err != nil {
+		_ = tx.Rollback(context.Background())
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
 	go func() {
+		defer close(ended)
 		time.Sleep(500 * time.Millisecond)
 		_ = tx.Commit(context.Background())
 	}()
+	defer func() { <-ended }()
 	cs, err := b.Compact(testCtx(t))
 	require.NoError(t, err)
 	t.Logf("compact beside an older snapshot: %+v", cs)
