@@ -95,7 +95,14 @@ func ExittoMain() {
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		code = 128 + int(ws.Signal())
 	}
-	if err := os.WriteFile(os.Args[1], fmt.Appendf(nil, "%d\n", code), 0o666); err != nil {
+	// Written whole, then renamed into place: a script's waitfile returns
+	// as soon as FILE exists, and must never read it empty.
+	tmp := os.Args[1] + ".exitto"
+	if err := os.WriteFile(tmp, fmt.Appendf(nil, "%d\n", code), 0o666); err != nil {
+		fmt.Fprintln(os.Stderr, "exitto:", err)
+		os.Exit(2)
+	}
+	if err := os.Rename(tmp, os.Args[1]); err != nil {
 		fmt.Fprintln(os.Stderr, "exitto:", err)
 		os.Exit(2)
 	}
