@@ -92,13 +92,7 @@ func NewPgBouncer(t testing.TB, poolMode string, settings map[string]string) *Bo
 	name := schemaName(t.Name())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := execAdmin(ctx, adminURL, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("pgtest: create database %s on %s: %v", name, URLForLog(adminURL), err)
-	}
-	direct, err := withDatabase(adminURL, name)
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
+	direct := createDatabase(t, ctx, adminURL, name)
 	b, err := pgserver.StartPgBouncer(pgserver.PgBouncerOptions{Target: adminURL, PoolMode: poolMode, Settings: settings})
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)

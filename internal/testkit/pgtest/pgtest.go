@@ -132,18 +132,26 @@ func NewDatabase(t testing.TB) *DB {
 	name := schemaName(t.Name())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := execAdmin(ctx, adminURL, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("pgtest: create database %s on %s: %v", name, URLForLog(adminURL), err)
-	}
-	dbURL, err := withDatabase(adminURL, name)
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
+	dbURL := createDatabase(t, ctx, adminURL, name)
 	if err := execAdmin(ctx, dbURL, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
 		t.Fatalf("pgtest: create schema %s in database %s: %v", name, name, err)
 	}
 	db := &DB{Schema: name, AdminURL: dbURL, URL: withParam(dbURL, "search_path", name)}
 	return db.open(t, ctx, source, "database "+name, adminURL, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+}
+
+// createDatabase creates the database name on the server of adminURL and
+// returns adminURL with that database.
+func createDatabase(t testing.TB, ctx context.Context, adminURL, name string) string {
+	t.Helper()
+	if err := execAdmin(ctx, adminURL, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("pgtest: create database %s on %s: %v", name, URLForLog(adminURL), err)
+	}
+	u, err := withDatabase(adminURL, name)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return u
 }
 
 // URLForLog returns url without its password, for logs and messages. It
