@@ -21,20 +21,23 @@ var _ sqllock.Compactor = (*Backend)(nil)
 var ErrNotOwner = errors.New("sqllock/postgres: compacting the lock table needs its owner's rights")
 
 // The moves' bounds: rows per transaction (each holds its rows locked for
-// one DO block, as a reap holds its batch for one statement), and rounds
-// of updates per transaction (a round that leaves a row on its page takes
-// at least that row's size of the page's room, so a page of 8 KiB is left
-// within a few hundred rounds by rows of any size).
+// one DO block, as a reap holds its batch for one statement), rounds of
+// updates per transaction (a round that leaves a row on its page takes at
+// least that row's size of the page's room, so a page of 8 KiB is left
+// within a few hundred rounds by rows of any size), and the milliseconds
+// a transaction's rounds may take: a renewal or release of a row it holds
+// waits that long at most.
 const (
 	compactBatch  = 64
 	compactRounds = 400
+	compactMillis = 50
 )
 
 // compactSchema is what the compaction's statements (queries/compact_*.sql)
 // are rendered for.
 type compactSchema struct {
-	Table              string // quoted
-	Cut, Batch, Rounds int64
+	Table                      string // quoted
+	Cut, Batch, Rounds, Millis int64
 }
 
 // Compact implements [sqllock.Compactor], on the pgx pool or the *sql.DB
@@ -58,19 +61,21 @@ type compactSchema struct {
 //     never gives its empty pages back, a rebuild holds only the live
 //     keys. It writes nothing of the rows and blocks no acquire, but it
 //     waits for the transactions older than it. One that fails leaves an
-//     invalid index behind, which Compact drops (and, at its start, any an
-//     earlier one left while no rebuild of the table runs).
+//     invalid index behind ("_ccnew", or "_ccold" when it failed after the
+//     swap), which Compact drops (and, at its start, any an earlier one
+//     left while no rebuild of the table runs).
 //
 // None of the statements takes a bind parameter (a DO block cannot, and
 // the rest are the catalog's and PostgreSQL's own commands on the table's
-// validated, quoted name), so Compact runs through a pooler in transaction
-// mode as well: each statement is its own transaction.
+// validated, quoted name), and each is its own transaction; on the pgx
+// pool they go in the simple protocol, so that they pass a pooler in
+// transaction mode too.
 func (b *Backend) Compact(ctx context.Context) (sqllock.CompactStats, error) {
 	var cs sqllock.CompactStats
 	if _, err := b.statements(ctx, outcome.Compact, ""); err != nil {
 		return cs, err
 	}
-	s := compactSchema{Table: b.table, Batch: compactBatch, Rounds: compactRounds}
+	s := compactSchema{Table: b.table, Batch: compactBatch, Rounds: compactRounds, Millis: compactMillis}
 	var owner bool
 	if err := b.maintRow(ctx, fmt.Sprintf(`SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class AS c WHERE c.oid = '%s'::regclass`, b.table), &owner); err != nil {
 		return cs, b.compactError(ctx, "reading the table's owner", err)
@@ -137,7 +142,9 @@ func (b *Backend) Compact(ctx context.Context) (sqllock.CompactStats, error) {
 		return cs, b.compactError(ctx, "vacuuming", err)
 	}
 	var names string
-	if err := b.maintRow(ctx, fmt.Sprintf(`SELECT coalesce(json_agg(i.indexrelid::regclass::text ORDER BY i.indexrelid), '[]')::text FROM pg_index AS i WHERE i.indrelid = '%s'::regclass AND i.indisvalid`, b.table), &names); err != nil {
+	if err := b.maintRow(ctx, fmt.Sprintf(`SELECT coalesce(json_agg(format('%%I.%%I', n.nspname, c.relname) ORDER BY i.indexrelid), '[]')::text
+FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE i.indrelid = '%s'::regclass AND i.indisvalid`, b.table), &names); err != nil {
 		return cs, b.compactError(ctx, "listing the indexes", err)
 	}
 	var indexes []string
@@ -170,21 +177,23 @@ func (b *Backend) Compact(ctx context.Context) (sqllock.CompactStats, error) {
 // than its last step (waitHorizon).
 const horizonWait = 2 * time.Second
 
-// waitHorizon waits, up to horizonWait, until no session of the database
-// keeps a snapshot from before now: until then VACUUM keeps the row
-// versions that the reap deleted and that the moves left (they may still
-// be visible to it), so it can neither hand their room to the moves nor
-// truncate the table's end. Past that bound Compact goes on with what
-// VACUUM can do (a transaction left open keeps its rows' old versions: the
-// next Compact takes them).
+// waitHorizon waits, up to horizonWait, until no client session of the
+// database keeps a snapshot, or a transaction id, from before now: until
+// then VACUUM keeps the row versions that the reap deleted and that the
+// moves left (they may still be visible to it), so it can neither hand
+// their room to the moves nor truncate the table's end. Past that bound
+// Compact goes on with what VACUUM can do (a transaction left open keeps
+// its rows' old versions: the next Compact takes them). What else holds
+// VACUUM back (a replication slot, a standby's feedback, a prepared
+// transaction) it does not wait for.
 func (b *Backend) waitHorizon(ctx context.Context) error {
-	var next int64
-	if err := b.maintRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`, &next); err != nil {
+	var mark string // the next transaction id now, as a 32-bit xid
+	if err := b.maintRow(ctx, `SELECT (pg_snapshot_xmax(pg_current_snapshot())::text::bigint % 4294967296)::text`, &mark); err != nil {
 		return b.compactError(ctx, "reading the transaction counter", err)
 	}
 	q := fmt.Sprintf(`SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL
-  AND age(backend_xmin) > pg_snapshot_xmax(pg_current_snapshot())::text::bigint - %d`, next)
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+  AND greatest(age(backend_xmin), age(backend_xid)) > age('%s'::xid)`, mark)
 	deadline := time.Now().Add(horizonWait)
 	for {
 		var older int
@@ -203,13 +212,13 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_xmin 
 }
 
 // dropLeftIndexes drops the invalid indexes that a failed REINDEX
-// CONCURRENTLY of the table left (named after the index, "_ccnew" and a
-// number). idle: only while no index build of the table is in progress,
+// CONCURRENTLY of the table left (named after the index, "_ccnew" or,
+// failed after the swap, "_ccold", and a number). idle: only while no index build of the table is in progress,
 // since a rebuild that runs has one of those too.
 func (b *Backend) dropLeftIndexes(ctx context.Context, idle bool) error {
-	q := fmt.Sprintf(`SELECT coalesce(json_agg(i.indexrelid::regclass::text), '[]')::text
-FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
-WHERE i.indrelid = '%s'::regclass AND NOT i.indisvalid AND c.relname ~ '_ccnew[0-9]*$'`, b.table)
+	q := fmt.Sprintf(`SELECT coalesce(json_agg(format('%%I.%%I', n.nspname, c.relname)), '[]')::text
+FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE i.indrelid = '%s'::regclass AND NOT i.indisvalid AND c.relname ~ '_cc(new|old)[0-9]*$'`, b.table)
 	if idle {
 		q += ` AND NOT EXISTS (SELECT FROM pg_stat_progress_create_index AS p WHERE p.relid = i.indrelid)`
 	}

@@ -165,12 +165,17 @@ func TestCompactSkipsLockedRows(t *testing.T) {
 			close(done)
 		}
 	}()
-	ctx, cancel := context.WithTimeout(testCtx(t), 8*time.Second)
+	// Compact waits up to horizonWait for the fenced transaction before
+	// each VACUUM (three of them here), then its rebuild waits until ctx
+	// ends.
+	ctx, cancel := context.WithTimeout(testCtx(t), 15*time.Second)
 	defer cancel()
 	start := time.Now()
 	cs, err := b.Compact(ctx)
 	require.Error(t, err, "the index rebuild waits for the fenced transaction")
 	require.ErrorIs(t, err, sqllock.ErrUnavailable)
+	require.ErrorContains(t, err, "rebuilding index")
+	require.Equal(t, 1, invalidIndexes(t, b), "the cancelled rebuild's index, which the fenced transaction keeps from being dropped at once")
 	t.Logf("compact under a fenced transaction: %+v after %v: %v", cs, time.Since(start), err)
 	require.EqualValues(t, 1, cs.Left, "only the fenced row stays")
 	require.Equal(t, was, place(), "the fenced row moved")
@@ -186,7 +191,7 @@ func TestCompactSkipsLockedRows(t *testing.T) {
 }
 
 // Acquires, renewals and releases go on while Compact moves the rows they
-// use: none fails, none waits for long, and tokens go on +1.
+// use: none fails, and tokens go on +1.
 func TestCompactUnderTraffic(t *testing.T) {
 	t.Parallel()
 	b := isolated(t)
@@ -244,10 +249,10 @@ func TestCompactStatementsRender(t *testing.T) {
 	}
 }
 
-// A transaction with a snapshot from before Compact keeps the reaped
-// rows' old versions, and the moved rows' old versions, visible: VACUUM
-// can free neither while it lasts. Compact waits for such transactions
-// (up to horizonWait) before each VACUUM, so a short one ending during it
+// A transaction with a snapshot from before Compact's moves keeps the
+// moved rows' old versions visible: VACUUM cannot free them, nor truncate
+// the table's end, while it lasts. Compact waits for such transactions (up
+// to horizonWait) before each VACUUM, so a short one ending during it
 // costs nothing.
 func TestCompactWaitsForOlderSnapshots(t *testing.T) {
 	t.Parallel()

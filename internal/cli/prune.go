@@ -27,10 +27,12 @@ SQLite, PostgreSQL and MariaDB prune, after "sqllock migrate up"
 With --compact (PostgreSQL), it then gives the pruned rows' space back:
 VACUUM leaves a table at its size when its live rows sit in its last
 pages, as they do after a burst of keys; --compact moves them toward the
-start, vacuums and rebuilds the index concurrently, changing no row and
-blocking no acquire (docs/key-reaping.md). It needs the table owner's
-rights, and waits for transactions older than its index rebuild. The
-other backends reuse or return that space themselves.
+start, vacuums and rebuilds the index concurrently, changing no row. It
+holds each row it moves for one short transaction (a renewal or release
+of that key waits up to 50 ms), never VACUUM FULL's lock
+(docs/key-reaping.md). It needs the table owner's rights, and waits for
+transactions older than its index rebuild. The other backends reuse or
+return that space themselves.
 
 Example:
   sqllock prune --older-than 24h

@@ -14,15 +14,20 @@ their own page with versions; the versions are this transaction's, which
 no pruning frees before it ends, so each round either takes room on the
 page or moves the row off it: after enough rounds every row left its
 page. (A no-op UPDATE sent once, in a transaction of its own, leaves a
-row on its page whenever the page has room: the row never moves.)
+row on its page whenever the page has room: the row never moves.) The
+rounds stop after .Millis milliseconds too, so that a row that finds no
+room before the cut (the free space map offers pages after it) is not
+held locked for long: a renewal or release of its key waits that long at
+most.
 The table and the numbers are pasted (.Table is the validated, quoted
-identifier; .Cut, .Batch and .Rounds are integers): a DO block takes no
+identifier; .Cut, .Batch, .Rounds and .Millis are integers): a DO block takes no
 parameters. Nothing of a caller's is in it.
 */ -}}
 DO $compact$
 DECLARE
     picked text[];
     updated bigint;
+    started timestamptz := clock_timestamp();
 BEGIN
     SELECT array_agg(p.key) INTO picked FROM (
         SELECT l.key FROM {{.Table}} AS l
@@ -37,7 +42,7 @@ BEGIN
         UPDATE {{.Table}} AS l SET token = l.token
         WHERE l.key = ANY (picked) AND l.ctid >= '({{.Cut}},0)'::tid;
         GET DIAGNOSTICS updated = ROW_COUNT;
-        EXIT WHEN updated = 0;
+        EXIT WHEN updated = 0 OR clock_timestamp() > started + interval '{{.Millis}} milliseconds';
     END LOOP;
 END
 $compact$
