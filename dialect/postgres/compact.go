@@ -86,70 +86,27 @@ func (b *Backend) Compact(ctx context.Context) (sqllock.CompactStats, error) {
 	if err := b.dropLeftIndexes(ctx, true); err != nil {
 		return cs, err
 	}
-	vacuum := "VACUUM (INDEX_CLEANUP ON) " + b.table
-	if err := b.waitHorizon(ctx); err != nil {
+	if err := b.vacuum(ctx); err != nil {
 		return cs, err
 	}
-	if err := b.maintExec(ctx, vacuum); err != nil {
-		return cs, b.compactError(ctx, "vacuuming", err)
-	}
-	var live, pages, block, index int64
-	if err := b.maintRow(ctx, fillCompact("compact_measure", s), &cs.Rows, &live, &pages, &block, &cs.TableBytes[0], &index); err != nil {
+	measure := fillCompact("compact_measure", s)
+	var live, pages, block int64
+	if err := b.maintRow(ctx, measure, &cs.Rows, &live, &pages, &block, &cs.TableBytes[0], &cs.IndexBytes[0]); err != nil {
 		return cs, b.compactError(ctx, "measuring", err)
 	}
-	cs.IndexBytes[0] = index
 	need := (live + block - 25) / (block - 24) // the page header is 24 bytes
 	s.Cut = need + need/2 + 1
 	if pages > s.Cut {
-		left := fillCompact("compact_left", s)
-		var before int64
-		if err := b.maintRow(ctx, left, &before); err != nil {
-			return cs, b.compactError(ctx, "counting the rows to move", err)
+		if err := b.moveRows(ctx, s, &cs); err != nil {
+			return cs, err
 		}
-		move := fillCompact("compact_move", s)
-		retried := false
-		for now := before; now > 0; {
-			if err := b.maintExec(ctx, move); err != nil {
-				return cs, b.compactError(ctx, "moving rows", err)
-			}
-			was := now
-			if err := b.maintRow(ctx, left, &now); err != nil {
-				return cs, b.compactError(ctx, "counting the rows to move", err)
-			}
-			cs.Left = now
-			if now < was {
-				continue
-			}
-			if retried {
-				break // the rest is locked by others, or found no room
-			}
-			// No room found: perhaps the VACUUM could not yet free what
-			// a transaction it waited for could still see. Once more.
-			retried = true
-			if err := b.waitHorizon(ctx); err != nil {
-				return cs, err
-			}
-			if err := b.maintExec(ctx, vacuum); err != nil {
-				return cs, b.compactError(ctx, "vacuuming", err)
-			}
-		}
-		cs.Moved = max(before-cs.Left, 0)
 	}
-	if err := b.waitHorizon(ctx); err != nil {
+	if err := b.vacuum(ctx); err != nil {
 		return cs, err
 	}
-	if err := b.maintExec(ctx, vacuum); err != nil {
-		return cs, b.compactError(ctx, "vacuuming", err)
-	}
-	var names string
-	if err := b.maintRow(ctx, fmt.Sprintf(`SELECT coalesce(json_agg(format('%%I.%%I', n.nspname, c.relname) ORDER BY i.indexrelid), '[]')::text
-FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid JOIN pg_namespace AS n ON n.oid = c.relnamespace
-WHERE i.indrelid = '%s'::regclass AND i.indisvalid`, b.table), &names); err != nil {
-		return cs, b.compactError(ctx, "listing the indexes", err)
-	}
-	var indexes []string
-	if err := json.Unmarshal([]byte(names), &indexes); err != nil {
-		return cs, fmt.Errorf("sqllock/postgres: compact %s: the indexes' names: %w", b.table, err)
+	indexes, err := b.indexNames(ctx, "i.indisvalid")
+	if err != nil {
+		return cs, err
 	}
 	for _, ix := range indexes {
 		if err := b.maintExec(ctx, "REINDEX INDEX CONCURRENTLY "+ix); err != nil {
@@ -167,10 +124,76 @@ WHERE i.indrelid = '%s'::regclass AND i.indisvalid`, b.table), &names); err != n
 			return cs, rerr
 		}
 	}
-	if err := b.maintRow(ctx, fillCompact("compact_measure", s), &cs.Rows, &live, &pages, &block, &cs.TableBytes[1], &cs.IndexBytes[1]); err != nil {
+	if err := b.maintRow(ctx, measure, &cs.Rows, &live, &pages, &block, &cs.TableBytes[1], &cs.IndexBytes[1]); err != nil {
 		return cs, b.compactError(ctx, "measuring", err)
 	}
 	return cs, nil
+}
+
+// vacuum is VACUUM (INDEX_CLEANUP ON) of the table, once no older
+// transaction keeps what it would remove (waitHorizon).
+func (b *Backend) vacuum(ctx context.Context) error {
+	if err := b.waitHorizon(ctx); err != nil {
+		return err
+	}
+	if err := b.maintExec(ctx, "VACUUM (INDEX_CLEANUP ON) "+b.table); err != nil {
+		return b.compactError(ctx, "vacuuming", err)
+	}
+	return nil
+}
+
+// moveRows moves the rows at or past page s.Cut toward the table's start
+// (queries/compact_move.sql), a batch at a time while a pass leaves fewer
+// of them there, and counts them into cs.
+func (b *Backend) moveRows(ctx context.Context, s compactSchema, cs *sqllock.CompactStats) error {
+	left := fillCompact("compact_left", s)
+	var before int64
+	if err := b.maintRow(ctx, left, &before); err != nil {
+		return b.compactError(ctx, "counting the rows to move", err)
+	}
+	move := fillCompact("compact_move", s)
+	retried := false
+	for now := before; now > 0; {
+		if err := b.maintExec(ctx, move); err != nil {
+			return b.compactError(ctx, "moving rows", err)
+		}
+		was := now
+		if err := b.maintRow(ctx, left, &now); err != nil {
+			return b.compactError(ctx, "counting the rows to move", err)
+		}
+		cs.Left = now
+		cs.Moved = max(before-now, 0)
+		if now < was {
+			continue
+		}
+		if retried {
+			break // the rest is locked by others, or found no room
+		}
+		// No room found: perhaps the VACUUM could not yet free what a
+		// transaction it waited for could still see. Once more.
+		retried = true
+		if err := b.vacuum(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// indexNames are the table's indexes that cond (on pg_index i and pg_class
+// c, the index's) selects, schema-qualified and quoted.
+func (b *Backend) indexNames(ctx context.Context, cond string) ([]string, error) {
+	q := fmt.Sprintf(`SELECT coalesce(json_agg(format('%%I.%%I', n.nspname, c.relname) ORDER BY i.indexrelid), '[]')::text
+FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE i.indrelid = '%s'::regclass AND %s`, b.table, cond)
+	var names string
+	if err := b.maintRow(ctx, q, &names); err != nil {
+		return nil, b.compactError(ctx, "listing the indexes", err)
+	}
+	var ix []string
+	if err := json.Unmarshal([]byte(names), &ix); err != nil {
+		return nil, fmt.Errorf("sqllock/postgres: compact %s: the indexes' names: %w", b.table, err)
+	}
+	return ix, nil
 }
 
 // horizonWait bounds how long Compact waits for the transactions older
@@ -216,19 +239,13 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type 
 // failed after the swap, "_ccold", and a number). idle: only while no index build of the table is in progress,
 // since a rebuild that runs has one of those too.
 func (b *Backend) dropLeftIndexes(ctx context.Context, idle bool) error {
-	q := fmt.Sprintf(`SELECT coalesce(json_agg(format('%%I.%%I', n.nspname, c.relname)), '[]')::text
-FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid JOIN pg_namespace AS n ON n.oid = c.relnamespace
-WHERE i.indrelid = '%s'::regclass AND NOT i.indisvalid AND c.relname ~ '_cc(new|old)[0-9]*$'`, b.table)
+	cond := `NOT i.indisvalid AND c.relname ~ '_cc(new|old)[0-9]*$'`
 	if idle {
-		q += ` AND NOT EXISTS (SELECT FROM pg_stat_progress_create_index AS p WHERE p.relid = i.indrelid)`
+		cond += ` AND NOT EXISTS (SELECT FROM pg_stat_progress_create_index AS p WHERE p.relid = i.indrelid)`
 	}
-	var names string
-	if err := b.maintRow(ctx, q, &names); err != nil {
-		return b.compactError(ctx, "looking for indexes a failed rebuild left", err)
-	}
-	var left []string
-	if err := json.Unmarshal([]byte(names), &left); err != nil {
-		return fmt.Errorf("sqllock/postgres: compact %s: the indexes' names: %w", b.table, err)
+	left, err := b.indexNames(ctx, cond)
+	if err != nil {
+		return err
 	}
 	for _, ix := range left {
 		if err := b.maintExec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+ix); err != nil {
